@@ -1,0 +1,3 @@
+"""loracls: small decoder-only LMs + LoRA -> verified text classifiers."""
+
+__version__ = "0.1.0"

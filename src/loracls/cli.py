@@ -1,0 +1,129 @@
+"""`loracls` command line. Bad input: one line on stderr, exit code 2, nothing half-written."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+from loracls.errors import LoraclsError
+
+EXIT_BAD_INPUT = 2
+
+
+def log(message: str) -> None:
+    """Progress lines on stderr (stdout stays clean for JSON); tqdm.write keeps the progress bar intact."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def cmd_train(args) -> None:
+    from loracls.config import load_config
+    from loracls.pipeline import train
+
+    config = load_config(args.config, args.set)
+    train(config, log)
+
+
+def cmd_evaluate(args) -> None:
+    from loracls.pipeline import evaluate
+
+    metrics = evaluate(args.run, args.data, log)
+    print(json.dumps(metrics))
+
+
+def cmd_predict(args) -> None:
+    from loracls import rundir
+    from loracls.config import from_dict
+    from loracls.pipeline import _read_yaml, predict, read_texts
+
+    if bool(args.text) == bool(args.file):
+        raise LoraclsError("predict: give --text (repeatable) or --file, not both")
+    run = rundir.check_run_dir(args.run)
+    texts = args.text or read_texts(args.file, from_dict(_read_yaml(run / rundir.CONFIG)).text_column)
+    rows = predict(args.run, texts, log)
+    out = open(args.out, "w") if args.out else sys.stdout
+    for row in rows:
+        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if args.out:
+        out.close()
+
+
+def cmd_modules(args) -> None:
+    import torch
+    from transformers import AutoConfig
+
+    from loracls.lora import match_targets, module_summary
+    from loracls.model import classifier_class, resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model, log)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    config = config.get_text_config()
+    config.num_labels = 2
+    with torch.device("meta"):
+        model = classifier_class(config)(config)
+    for name, description, count in module_summary(model):
+        print(f"{name:<48} {description:<28} x{count}")
+    for pattern in args.pattern or []:
+        matched = match_targets(model, [pattern])
+        print(f"\npattern {pattern!r} matches {len(matched)} module(s)" + (":" if matched else ""))
+        for name in matched:
+            print(f"  {name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a classifier (no config: the embedded default job)")
+    p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="metrics of a finished run on its test split or another file")
+    p.add_argument("run")
+    p.add_argument("--data", help="labelled CSV/JSONL/Parquet with the run's text and label columns")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("predict", help="predict labels with a finished run (JSONL out)")
+    p.add_argument("run")
+    p.add_argument("--text", action="append", help="a text to classify (repeatable)")
+    p.add_argument("--file", help=".txt (one text a line) or CSV/JSONL/Parquet with the text column")
+    p.add_argument("--out", help="write JSONL here instead of stdout")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("modules", help="list a model's LoRA-able modules and what patterns match")
+    p.add_argument("model", help="HF directory, .gguf, hub id, or embedded:gemma3-270m")
+    p.add_argument("--pattern", action="append", help="target pattern to try (repeatable)")
+    p.set_defaults(func=cmd_modules)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _quiet_libraries()
+        args.func(args)
+    except LoraclsError as exc:
+        print(f"loracls: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("loracls: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""One typed config: defaults = the embedded default job; YAML file + `--set key=value` overrides.
+
+Unknown keys are refused with the nearest known name; values are checked against their declared type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from loracls.errors import LoraclsError
+
+EMBEDDED_MODEL = "embedded:gemma3-270m"
+EMBEDDED_DATA = "embedded:rotten_tomatoes"
+
+
+@dataclass
+class Config:
+    # --- data ---
+    data: str = EMBEDDED_DATA  # a CSV / JSONL / Parquet file, or the embedded data set
+    validation_data: str | None = None  # given splits; when absent, made from `data` with `seed`
+    test_data: str | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+    labels: list[str] | None = None  # label names in id order; default: sorted names found in the data
+    train_size: int | None = 5000  # None: everything left after validation and test
+    validation_size: int = 800
+    test_size: int = 1200
+    balance: bool = True  # equal examples per class in made splits
+    max_length: int = 256
+    seed: int = 42
+    # --- model ---
+    model: str = EMBEDDED_MODEL  # HF directory, hub id, .gguf file, or the embedded Gemma 3 270M
+    # --- LoRA (PEFT's names) ---
+    r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    # --- optimisation ---
+    learning_rate: float = 2e-4
+    weight_decay: float = 0.01
+    batch_size: int = 16
+    gradient_accumulation: int = 2
+    epochs: int = 3
+    max_steps: int | None = None  # optimizer steps; None: epochs decide
+    warmup_steps: int = 100
+    scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    # --- loop and evaluation ---
+    log_every: int = 10  # optimizer steps
+    eval_every: int = 50  # optimizer steps
+    patience: int | None = 5  # validations without improvement before stopping; None: never stop early
+    eval_batch_size: int = 32
+    # --- hardware ---
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    threads: int | None = None  # CPU threads; None: all cores
+    # --- output ---
+    output_dir: str = "runs"
+    run_name: str | None = None
+    merge: bool = True  # write the merged standalone model and check it against the adapter
+
+    def validate(self) -> "Config":
+        positive = ["max_length", "r", "batch_size", "gradient_accumulation", "epochs", "log_every",
+                    "eval_every", "eval_batch_size", "validation_size", "test_size"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise LoraclsError(f"config: {name} must be > 0, got {getattr(self, name)}")
+        for name in ["train_size", "max_steps", "threads"]:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise LoraclsError(f"config: {name} must be > 0 or null, got {value}")
+        if self.patience is not None and self.patience < 1:
+            raise LoraclsError(f"config: patience must be >= 1 or null, got {self.patience}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise LoraclsError(f"config: lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.learning_rate <= 0:
+            raise LoraclsError(f"config: learning_rate must be > 0, got {self.learning_rate}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise LoraclsError("config: warmup_steps, weight_decay and max_grad_norm must be >= 0")
+        choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
+                   "scheduler": ("cosine", "linear", "constant")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not self.target_modules:
+            raise LoraclsError("config: target_modules is empty")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise LoraclsError("config: labels has duplicates")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_TYPES = typing.get_type_hints(Config)
+
+
+def _nearest(key: str) -> str:
+    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _coerce(key: str, value):
+    """Check `value` against the declared type of `key`; ints are accepted where floats are."""
+    hint = _TYPES[key]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if value is None:
+        if optional:
+            return None
+        raise LoraclsError(f"config: {key} cannot be null")
+    base = next((a for a in args if a is not type(None)), hint) if args and optional else hint
+    origin = typing.get_origin(base)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+            raise LoraclsError(f"config: {key} must be a list of names, got {value!r}")
+        return [str(v) for v in value]
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise LoraclsError(f"config: {key} must be {getattr(base, '__name__', base)}, got {value!r}")
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`key=value` strings -> dict; values are read as YAML scalars (`8`, `2e-4`, `null`, `[a, b]`)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise LoraclsError(f"--set expects key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def from_dict(values: dict, base: Config | None = None) -> Config:
+    merged = dataclasses.asdict(base) if base is not None else {}
+    for key, value in values.items():
+        if key not in FIELDS:
+            raise LoraclsError(f"config: unknown key {key!r}{_nearest(key)}")
+        merged[key] = _coerce(key, value)
+    return Config(**merged).validate()
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    values: dict = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise LoraclsError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise LoraclsError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise LoraclsError(f"config file {path} must hold a mapping of key: value")
+        values.update(loaded)
+    config = from_dict(values)
+    return from_dict(parse_overrides(overrides or []), base=config)

@@ -1,0 +1,55 @@
+"""Export stage: merge the LoRA weights into a standalone model and check it against the adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loracls import rundir
+from loracls.env import Runtime
+from loracls.errors import LoraclsError
+from loracls.evaluate import predict_probabilities
+from loracls.model import is_generic, load_standalone, write_generic_module
+
+TIE_MARGIN = 1e-3  # predictions may differ only where the adapter's top two classes are this close
+
+
+def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> dict:
+    """Predictions must be equal; a disagreement counts only where the adapter was not at a tie."""
+    differ = adapter_probs.argmax(1) != merged_probs.argmax(1)
+    top2 = np.sort(adapter_probs, axis=1)[:, -2:]
+    real = differ & ((top2[:, 1] - top2[:, 0]) > TIE_MARGIN)
+    return {"examples": int(len(adapter_probs)), "predictions_equal": bool(not real.any()),
+            "disagreements": int(differ.sum()), "disagreements_beyond_ties": int(real.sum()),
+            "max_probability_difference": float(np.abs(adapter_probs - merged_probs).max()) if len(adapter_probs) else 0.0}
+
+
+def export_merged(peft_model, tokenizer, run: Path, ids: list[list[int]], batch_size: int, runtime, log=print) -> dict:
+    """merge_and_unload -> run/merged (plain transformers loads it) -> same predictions as the adapter.
+
+    Both sides are computed in fp32 without autocast: the check is that the two compute the same function,
+    not how a low-precision matmul rounds W x + B A x versus (W + B A) x.
+    """
+    exact = Runtime(runtime.device, torch.float32)
+    adapter_probs = predict_probabilities(peft_model, ids, tokenizer.pad_token_id, batch_size, exact)
+    merged = peft_model.merge_and_unload()
+    generic = is_generic(type(merged))
+
+    def fill(staging: Path) -> None:
+        merged.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if generic:
+            write_generic_module(staging, type(merged))
+
+    rundir.replace_dir(run / rundir.MERGED, fill)
+    standalone = load_standalone(run / rundir.MERGED).to(runtime.device)
+    merged_probs = predict_probabilities(standalone, ids, tokenizer.pad_token_id, batch_size, exact)
+    check = compare_predictions(adapter_probs, merged_probs)
+    if not check["predictions_equal"]:
+        raise LoraclsError(f"the merged model disagrees with the adapter on {check['disagreements_beyond_ties']} of "
+                           f"{check['examples']} test examples; {run / rundir.MERGED} is not a faithful export")
+    log(f"export: merged model in {run / rundir.MERGED}; test predictions equal the adapter's "
+        f"(fp32, max probability difference {check['max_probability_difference']:.2e})")
+    return check

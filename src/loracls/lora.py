@@ -1,0 +1,123 @@
+"""LoRA stage: resolve target modules, refuse setups that cannot learn, inject adapters with PEFT.
+
+A target entry is a module-name suffix as in PEFT (`q_proj` matches `model.layers.0.self_attn.q_proj`);
+an entry with regex characters is matched against the whole module name (`.*layers\\.1[0-7].*q_proj`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from torch import nn
+
+from loracls.errors import LoraclsError
+
+LORA_LAYER_TYPES = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d)
+REGEX_CHARS = set("*[]()|\\^$+?{}")
+HEAD_NAMES = ("score", "classifier")
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if REGEX_CHARS & set(pattern):
+        return re.fullmatch(pattern, name) is not None
+    return name == pattern or name.endswith("." + pattern)
+
+
+def head_name(model: nn.Module) -> str:
+    for name in HEAD_NAMES:
+        if isinstance(getattr(model, name, None), nn.Module):
+            return name
+    raise LoraclsError(f"{type(model).__name__} has no classification head named {' or '.join(HEAD_NAMES)}")
+
+
+def match_targets(model: nn.Module, patterns: list[str]) -> list[str]:
+    """Full names of the leaf modules LoRA would wrap for these patterns."""
+    for pattern in patterns:
+        if REGEX_CHARS & set(pattern):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise LoraclsError(f"target_modules: {pattern!r} is not a valid regex ({exc})") from None
+    return [name for name, module in model.named_modules()
+            if name and any(_matches(name, p) for p in patterns) and isinstance(module, LORA_LAYER_TYPES)]
+
+
+def module_summary(model: nn.Module) -> list[tuple[str, str, int]]:
+    """(name with layer numbers folded to *, description, count) for every leaf module LoRA can wrap."""
+    groups: Counter = Counter()
+    descriptions = {}
+    for name, module in model.named_modules():
+        if not name or not isinstance(module, LORA_LAYER_TYPES):
+            continue
+        folded = re.sub(r"\.\d+\.", ".*.", name)
+        groups[folded] += 1
+        if isinstance(module, nn.Linear):
+            descriptions[folded] = f"Linear {module.in_features}->{module.out_features}"
+        elif isinstance(module, nn.Embedding):
+            descriptions[folded] = f"Embedding {module.num_embeddings}x{module.embedding_dim}"
+        else:
+            descriptions[folded] = type(module).__name__
+    return [(name, descriptions[name], count) for name, count in groups.items()]
+
+
+def check_targets(model: nn.Module, patterns: list[str]) -> list[str]:
+    """Refuse targets that match nothing, only embeddings, or the head (it is trained in full instead)."""
+    matched = match_targets(model, patterns)
+    if not matched:
+        suffixes = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                           if isinstance(m, nn.Linear) and not name.startswith(HEAD_NAMES)})
+        raise LoraclsError(f"target_modules {patterns} match no module; linear modules here: {', '.join(suffixes)}")
+    modules = dict(model.named_modules())
+    if all(isinstance(modules[name], nn.Embedding) for name in matched):
+        raise LoraclsError(f"target_modules {patterns} match only embeddings ({', '.join(matched[:3])}); "
+                           f"LoRA there cannot change the classification; target attention/MLP projections")
+    head = head_name(model)
+    on_head = [name for name in matched if name == head or name.startswith(head + ".")]
+    if on_head:
+        raise LoraclsError(f"target_modules {patterns} match the classification head {head!r}; "
+                           f"the head is trained in full, target the decoder's projections")
+    return matched
+
+
+@dataclass
+class LoraReport:
+    matched: list[str]
+    trainable: int
+    total: int
+    head: str
+
+
+def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str], log=print) -> tuple[PeftModel, LoraReport]:
+    matched = check_targets(model, patterns)
+    head = head_name(model)
+    lora_config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,
+                             target_modules=matched, modules_to_save=[head])
+    peft_model = get_peft_model(model, lora_config)
+    report = LoraReport(matched, *count_parameters(peft_model), head)
+    check_head_trainable(peft_model, head)
+    folded = Counter(re.sub(r"\.\d+\.", ".*.", name) for name in matched)
+    log(f"lora: r={r} alpha={alpha:g} dropout={dropout:g}; {len(matched)} modules: "
+        + ", ".join(f"{name} x{count}" for name, count in folded.items()))
+    log(f"lora: trainable {report.trainable:,} of {report.total:,} parameters "
+        f"({100 * report.trainable / report.total:.3f}%), head {head!r} trained in full")
+    return peft_model, report
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def check_head_trainable(peft_model: nn.Module, head: str) -> None:
+    head_params = [(n, p) for n, p in peft_model.named_parameters() if f".{head}." in f".{n}"]
+    if not any(p.requires_grad for _, p in head_params):
+        raise LoraclsError(f"the classification head {head!r} is frozen: it would stay random; "
+                           f"it must be in modules_to_save")
+
+
+def trainable_state(peft_model: PeftModel) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in peft_model.named_parameters() if p.requires_grad}

@@ -1,0 +1,148 @@
+"""The main job, stage by stage: config -> data -> model -> lora -> train -> evaluate -> export -> metrics.
+
+Every input check (config, data, model, LoRA targets) runs before the run directory is created, so bad
+input leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from peft import PeftModel
+
+from loracls import rundir
+from loracls.config import Config, from_dict
+from loracls.data import Dataset, encode, format_counts, load_dataset, read_table
+from loracls.env import environment_record, precision_reason, setup_runtime
+from loracls.errors import LoraclsError
+from loracls.evaluate import classification_metrics, format_metrics, predict_probabilities, prediction_rows
+from loracls.export import export_merged
+from loracls.lora import apply_lora
+from loracls.model import load_classifier, resolve_model_dir
+from loracls.train import Trainer
+
+
+def train(config: Config, log=print) -> Path:
+    started = time.perf_counter()
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    dataset = load_dataset(config)
+    log("data: class counts\n" + format_counts(dataset))
+    model_dir = resolve_model_dir(config.model, log)
+    loaded = load_classifier(model_dir, dataset.id2label, log=log)
+    peft_model, lora_report = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout,
+                                         config.target_modules, log)
+    peft_model.to(runtime.device)
+    log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
+
+    run = rundir.new_run_dir(config.output_dir, config.run_name)
+    log(f"run directory: {run}")
+    env = environment_record(runtime)
+    rundir.write_yaml(run / rundir.CONFIG, config.to_dict())
+    rundir.write_json(run / rundir.ENV, env)
+    rundir.write_json(run / rundir.LABELS, {str(i): name for i, name in dataset.id2label.items()})
+
+    trainer = Trainer(peft_model, loaded.tokenizer, dataset, config, runtime, run, log)
+    result = trainer.fit()
+    log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s; "
+        f"best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
+
+    test_ids = encode(loaded.tokenizer, dataset.test.texts, config.max_length)
+    probs = predict_probabilities(peft_model, test_ids, loaded.tokenizer.pad_token_id, config.eval_batch_size, runtime)
+    test_metrics = classification_metrics(dataset.test.labels, probs, dataset.id2label)
+    rundir.write_jsonl(run / rundir.PREDICTIONS / "test.jsonl",
+                       prediction_rows(dataset.test.texts, dataset.test.labels, probs, dataset.id2label))
+    log("test:\n" + format_metrics(test_metrics))
+
+    export_check = None
+    if config.merge:
+        export_check = export_merged(peft_model, loaded.tokenizer, run, test_ids, config.eval_batch_size, runtime, log)
+    metrics = {
+        "test": test_metrics,
+        "validation": {"best_accuracy": result.best_validation_accuracy, "best_step": result.best_step},
+        "train": {"steps": result.steps, "stopped_early": result.stopped_early, "seconds": round(result.seconds, 1),
+                  "train_tokens": result.train_tokens, "tokens_per_second": round(result.tokens_per_second, 1)},
+        "model": {"source": config.model, "directory": str(model_dir), "hidden_size": loaded.hidden_size,
+                  "parameters": loaded.parameters, "trainable_parameters": lora_report.trainable,
+                  "lora_modules": len(lora_report.matched)},
+        "data": dataset.class_counts(),
+        "export": export_check,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
+    rundir.write_json(run / rundir.METRICS, metrics)
+    log(f"done in {metrics['wall_seconds']:.0f}s: test accuracy {test_metrics['accuracy']:.4f}; metrics in {run / rundir.METRICS}")
+    return run
+
+
+# --- using a finished run -------------------------------------------------------------------------
+
+
+class LoadedRun:
+    """A run directory reloaded: base model + saved adapter (and head), ready to predict."""
+
+    def __init__(self, path: str, log=print):
+        self.path = rundir.check_run_dir(path)
+        self.config = from_dict(_read_yaml(self.path / rundir.CONFIG))
+        self.id2label = {int(i): name for i, name in rundir.read_json(self.path / rundir.LABELS).items()}
+        self.runtime = setup_runtime(self.config.device, self.config.precision, self.config.threads)
+        loaded = load_classifier(resolve_model_dir(self.config.model, log), self.id2label, log=log)
+        self.tokenizer = loaded.tokenizer
+        self.model = PeftModel.from_pretrained(loaded.model, str(self.path / rundir.ADAPTER)).to(self.runtime.device)
+        self.model.eval()
+
+    def probabilities(self, texts: list[str]) -> np.ndarray:
+        ids = encode(self.tokenizer, texts, self.config.max_length)
+        return predict_probabilities(self.model, ids, self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime)
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def evaluate(run_path: str, data: str | None = None, log=print) -> dict:
+    """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
+    run = LoadedRun(run_path, log)
+    if data is None:
+        split = load_dataset(run.config).test
+        texts, labels = split.texts, split.labels
+    else:
+        frame = read_table(data)
+        config = run.config
+        for column in (config.text_column, config.label_column):
+            if column not in frame.columns:
+                raise LoraclsError(f"{data}: column {column!r} not found (columns: {', '.join(map(str, frame.columns))})")
+        label2id = {name: i for i, name in run.id2label.items()}
+        names = frame[config.label_column].astype(str)
+        unknown = sorted(set(names) - set(label2id))
+        if unknown:
+            raise LoraclsError(f"{data}: unknown label(s) {', '.join(map(repr, unknown))} (run labels: {', '.join(label2id)})")
+        texts, labels = frame[config.text_column].astype(str).tolist(), [label2id[n] for n in names]
+    probs = run.probabilities(texts)
+    metrics = classification_metrics(labels, probs, run.id2label)
+    log(format_metrics(metrics))
+    return metrics
+
+
+def read_texts(file: str, text_column: str) -> list[str]:
+    path = Path(file)
+    if path.suffix.lower() == ".txt":
+        if not path.is_file():
+            raise LoraclsError(f"file not found: {file}")
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    frame = read_table(file)
+    column = text_column if text_column in frame.columns else "text"
+    if column not in frame.columns:
+        raise LoraclsError(f"{file}: no column {text_column!r} or 'text'")
+    return frame[column].astype(str).tolist()
+
+
+def predict(run_path: str, texts: list[str], log=print) -> list[dict]:
+    if not texts:
+        raise LoraclsError("predict: no texts given")
+    if any(not t.strip() for t in texts):
+        raise LoraclsError("predict: empty text given")
+    run = LoadedRun(run_path, log)
+    return prediction_rows(texts, None, run.probabilities(texts), run.id2label)
