@@ -133,6 +133,11 @@ def _coerce(key: str, value):
     elif base is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 from transformers.modeling_layers import GenericForSequenceClassification
 
 from loracls.config import EMBEDDED_MODEL
@@ -59,8 +59,6 @@ def convert_gguf(gguf: Path, log=print) -> Path:
     if (target / "config.json").is_file():
         return target
     log(f"model: converting {gguf.name} to a safetensors cache (once; about a minute) -> {target}")
-    from transformers import AutoModelForCausalLM
-
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -158,7 +156,7 @@ def classifier_class(config) -> type:
     """transformers' own *ForSequenceClassification, else a generic head on the last non-pad token."""
     if type(config) in AutoModelForSequenceClassification._model_mapping:
         return AutoModelForSequenceClassification._model_mapping[type(config)]
-    if type(config) not in AutoModel._model_mapping:
+    if type(config) not in AutoModelForCausalLM._model_mapping or type(config) not in AutoModel._model_mapping:
         raise LoraclsError(f"model type {config.model_type!r} is not a decoder transformers knows")
     backbone = AutoModel._model_mapping[type(config)]
     name = backbone.__name__.removesuffix("Model") + "ForSequenceClassification"
@@ -216,13 +214,14 @@ def check_loaded_weights(info: dict, source) -> None:
 
 def write_generic_module(directory: Path, model_class: type) -> None:
     """Make a generic-head model directory loadable by plain transformers (trust_remote_code=True)."""
-    base = _pretrained_base(model_class)
+    base, config_class = _pretrained_base(model_class), model_class.config_class
     source = (
         '"""Written by loracls: a sequence classifier for a decoder transformers has no head class for."""\n'
         "from transformers.modeling_layers import GenericForSequenceClassification\n"
-        f"from {base.__module__} import {base.__name__}\n\n\n"
+        f"from {base.__module__} import {base.__name__}\n"
+        f"from {config_class.__module__} import {config_class.__name__}\n\n\n"
         f"class {model_class.__name__}(GenericForSequenceClassification, {base.__name__}):\n"
-        "    pass\n"
+        f"    config_class = {config_class.__name__}\n"
     )
     (directory / GENERIC_MODULE).write_text(source)
     config_path = directory / "config.json"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from peft import PeftModel
 
 from loracls import rundir
@@ -30,6 +31,7 @@ def train(config: Config, log=print) -> Path:
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
     model_dir = resolve_model_dir(config.model, log)
+    torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
     loaded = load_classifier(model_dir, dataset.id2label, log=log)
     peft_model, lora_report = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout,
                                          config.target_modules, log)

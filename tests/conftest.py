@@ -1,0 +1,97 @@
+"""Tiny randomly initialised decoders, a word-level tokenizer, and a learnable synthetic data set."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, Gemma4TextConfig, PreTrainedTokenizerFast
+
+POSITIVE = ["good", "great", "fine", "superb", "lovely", "brilliant", "charming", "moving"]
+NEGATIVE = ["bad", "awful", "dull", "boring", "weak", "clumsy", "tedious", "messy"]
+NEUTRAL = ["film", "movie", "plot", "actor", "scene", "story", "the", "a", "was", "very", "and", "script"]
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+
+
+def synthetic_frame(n: int, seed: int = 0, classes: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """Texts whose label is given by which sentiment words they contain."""
+    classes = classes or {"pos": POSITIVE, "neg": NEGATIVE}
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = list(classes)[i % len(classes)]
+        words = [rng.choice(NEUTRAL) for _ in range(rng.randint(3, 9))]
+        for _ in range(rng.randint(1, 3)):
+            words.insert(rng.randrange(len(words) + 1), rng.choice(classes[label]))
+        rows.append({"text": " ".join(words), "label": label})
+    return pd.DataFrame(rows)
+
+
+def make_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
+    vocab_words = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL + [str(i) for i in range(1000)]
+    vocab_words += ["ok", "meh", "neutral", "so-so"]
+    vocab = {w: i for i, w in enumerate(vocab_words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    specials = {"eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
+    if pad:
+        specials["pad_token"] = "<pad>"
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **specials)
+
+
+def tiny_config(kind: str, vocab_size: int):
+    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                  pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    if kind == "gemma3":
+        return Gemma3TextConfig(**common, sliding_window=16)
+    if kind == "gemma4":
+        return Gemma4TextConfig(**common, sliding_window=16, vocab_size_per_layer_input=vocab_size,
+                                hidden_size_per_layer_input=8, global_head_dim=16,
+                                layer_types=["sliding_attention", "full_attention"])
+    raise ValueError(kind)
+
+
+def write_tiny_model(directory: Path, kind: str = "gemma3", pad: bool = True) -> Path:
+    torch.manual_seed(0)
+    tokenizer = make_tokenizer(pad=pad)
+    config = tiny_config(kind, len(tokenizer))
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("gemma3"), "gemma3")
+
+
+@pytest.fixture(scope="session")
+def gemma4_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("gemma4"), "gemma4")
+
+
+@pytest.fixture(scope="session")
+def data_csv(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.csv"
+    synthetic_frame(500).to_csv(path, index=False)
+    return path
+
+
+def tiny_overrides(model_dir: Path, data: Path, out: Path, **extra) -> list[str]:
+    """--set arguments for a fast, learnable run on a tiny model."""
+    values = {"model": str(model_dir), "data": str(data), "train_size": 240, "validation_size": 60, "test_size": 60,
+              "max_length": 32, "batch_size": 8, "gradient_accumulation": 2, "epochs": 10, "learning_rate": 5e-3,
+              "warmup_steps": 5, "eval_every": 10, "log_every": 5, "precision": "fp32", "output_dir": str(out),
+              "run_name": "run", "r": 4, "lora_alpha": 8, "patience": None, "eval_batch_size": 16}
+    values.update(extra)
+    args = []
+    for key, value in values.items():
+        args += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+    return args

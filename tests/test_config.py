@@ -1,0 +1,61 @@
+import pytest
+
+from loracls.config import Config, load_config, parse_overrides
+from loracls.errors import LoraclsError
+
+
+def test_defaults_are_the_embedded_default_job():
+    config = load_config()
+    assert (config.train_size, config.validation_size, config.test_size) == (5000, 800, 1200)
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 16.0, 0.05)
+    assert config.target_modules == ["q_proj", "v_proj"]
+    assert (config.batch_size, config.gradient_accumulation, config.epochs, config.warmup_steps) == (16, 2, 3, 100)
+    assert (config.learning_rate, config.weight_decay, config.max_grad_norm, config.max_length) == (2e-4, 0.01, 1.0, 256)
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("r: 16\ntarget_modules: [q_proj, k_proj, v_proj]\nlearning_rate: 1e-4\n")
+    config = load_config(str(path), ["r=32", "target_modules=o_proj,v_proj", "patience=null", "lora_alpha=8"])
+    assert config.r == 32
+    assert config.target_modules == ["o_proj", "v_proj"]
+    assert config.learning_rate == pytest.approx(1e-4)
+    assert config.patience is None
+    assert isinstance(config.lora_alpha, float)
+
+
+def test_unknown_key_names_the_nearest(tmp_path):
+    with pytest.raises(LoraclsError, match="unknown key 'learning_rat'.*'learning_rate'"):
+        load_config(None, ["learning_rat=0.1"])
+    path = tmp_path / "c.yaml"
+    path.write_text("batchsize: 4\n")
+    with pytest.raises(LoraclsError, match="did you mean 'batch_size'"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("r=eight", "r must be int"),
+    ("r=0", "r must be > 0"),
+    ("lora_dropout=1.5", "lora_dropout"),
+    ("precision=fp8", "precision must be one of"),
+    ("merge=maybe", "merge must be bool"),
+    ("batch_size=2.5", "batch_size must be int"),
+    ("noequals", "key=value"),
+])
+def test_bad_values_are_refused(pair, message):
+    with pytest.raises(LoraclsError, match=message):
+        load_config(None, [pair])
+
+
+def test_bad_config_files(tmp_path):
+    with pytest.raises(LoraclsError, match="not found"):
+        load_config(str(tmp_path / "missing.yaml"))
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(LoraclsError, match="mapping"):
+        load_config(str(path))
+
+
+def test_override_values_read_as_yaml_scalars():
+    assert parse_overrides(["a=2.0e-4", "b=null", "c=[x, y]", "d=text"]) == {"a": 2e-4, "b": None, "c": ["x", "y"], "d": "text"}
+    assert Config().to_dict()["r"] == 8

@@ -1,0 +1,110 @@
+import pandas as pd
+import pytest
+import torch
+
+from conftest import synthetic_frame
+from loracls.config import load_config
+from loracls.data import collate, length_grouped_batches, load_dataset, read_table
+from loracls.errors import LoraclsError
+
+
+def config_for(path, **values):
+    return load_config(None, [f"{k}={v}" for k, v in {"data": path, "train_size": 40, "validation_size": 10,
+                                                         "test_size": 10, **values}.items()])
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl", "parquet", "tsv"])
+def test_reads_every_format(tmp_path, suffix):
+    frame = synthetic_frame(80)
+    path = tmp_path / f"d.{suffix}"
+    {"csv": lambda: frame.to_csv(path, index=False), "tsv": lambda: frame.to_csv(path, sep="\t", index=False),
+     "jsonl": lambda: frame.to_json(path, orient="records", lines=True),
+     "parquet": lambda: frame.to_parquet(path)}[suffix]()
+    assert read_table(str(path)).equals(frame)
+    dataset = load_dataset(config_for(path))
+    assert dataset.id2label == {0: "neg", 1: "pos"}
+    assert len(dataset.train) == 40 and len(dataset.validation) == 10 and len(dataset.test) == 10
+
+
+def test_splits_are_seeded_balanced_and_disjoint(tmp_path):
+    path = tmp_path / "d.csv"
+    synthetic_frame(200).to_csv(path, index=False)
+    a, b = load_dataset(config_for(path)), load_dataset(config_for(path))
+    c = load_dataset(config_for(path, seed=7))
+    assert a.train.texts == b.train.texts and a.test.texts == b.test.texts
+    assert a.train.texts != c.train.texts
+    counts = a.class_counts()
+    assert counts["train"] == {"neg": 20, "pos": 20} and counts["test"] == {"neg": 5, "pos": 5}
+    assert not set(a.train.texts) & set(a.test.texts)
+    assert not set(a.validation.texts) & set(a.test.texts)
+
+
+def test_label_order_from_config_and_given_splits(tmp_path):
+    frame = synthetic_frame(120)
+    for name, part in {"train": frame[:80], "val": frame[80:100], "test": frame[100:]}.items():
+        part.rename(columns={"text": "review", "label": "sentiment"}).to_csv(tmp_path / f"{name}.csv", index=False)
+    config = load_config(None, [f"data={tmp_path / 'train.csv'}", f"validation_data={tmp_path / 'val.csv'}",
+                                f"test_data={tmp_path / 'test.csv'}", "text_column=review", "label_column=sentiment",
+                                "labels=[pos, neg]"])
+    dataset = load_dataset(config)
+    assert dataset.id2label == {0: "pos", 1: "neg"}
+    assert (len(dataset.train), len(dataset.validation), len(dataset.test)) == (80, 20, 20)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda f: f.drop(columns=["label"]), "column 'label' not found"),
+    (lambda f: f.assign(text=["" if i == 3 else t for i, t in enumerate(f.text)]), "empty text.*row 3"),
+    (lambda f: f.assign(label="pos"), "only one class"),
+    (lambda f: f.assign(label=[None if i == 5 else l for i, l in enumerate(f.label)]), "missing label"),
+])
+def test_bad_data_is_refused_in_one_line(tmp_path, mutate, message):
+    path = tmp_path / "d.csv"
+    mutate(synthetic_frame(80)).to_csv(path, index=False)
+    with pytest.raises(LoraclsError, match=message) as info:
+        load_dataset(config_for(path, balance="false"))
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_labels_are_refused(tmp_path):
+    frame = synthetic_frame(80)
+    path = tmp_path / "d.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(LoraclsError, match="unknown label.*'pos'"):
+        load_dataset(config_for(path, labels="[neg, other]"))
+    test = frame[:10].assign(label="surprise")
+    test.to_csv(tmp_path / "t.csv", index=False)
+    config = load_config(None, [f"data={path}", f"validation_data={path}", f"test_data={tmp_path / 't.csv'}"])
+    with pytest.raises(LoraclsError, match="unknown label.*'surprise'"):
+        load_dataset(config)
+
+
+def test_missing_file_and_too_small_data(tmp_path):
+    with pytest.raises(LoraclsError, match="not found"):
+        load_dataset(config_for(tmp_path / "nope.csv"))
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(LoraclsError, match="unsupported"):
+        load_dataset(config_for(tmp_path / "d.txt"))
+    path = tmp_path / "d.csv"
+    synthetic_frame(30).to_csv(path, index=False)
+    with pytest.raises(LoraclsError, match="balanced split needs"):
+        load_dataset(config_for(path))
+
+
+def test_length_grouped_batches_cover_everything_and_cut_padding():
+    lengths = [((i * 37) % 50) + 1 for i in range(400)]
+    batches = length_grouped_batches(lengths, 16, seed=1)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(400))
+    assert batches == length_grouped_batches(lengths, 16, seed=1)
+    assert batches != length_grouped_batches(lengths, 16, seed=2)
+    assert max(lengths[i] for i in batches[0]) == max(lengths)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    naive = sum(len(lengths[s:s + 16]) * max(lengths[s:s + 16]) for s in range(0, 400, 16))
+    assert padded < 0.8 * naive
+
+
+def test_collate_pads_to_the_longest_in_the_batch():
+    batch = collate([[5, 6, 7], [8]], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["input_ids"].dtype == torch.long

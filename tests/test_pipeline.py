@@ -1,0 +1,111 @@
+"""The whole job through the CLI on tiny random decoders (Gemma 3 text with its own head, Gemma 4 text generic)."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from conftest import synthetic_frame, tiny_overrides
+from loracls.cli import main
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory, gemma3_dir, gemma4_dir, data_csv):
+    runs = {}
+    for kind, model_dir in (("gemma3", gemma3_dir), ("gemma4", gemma4_dir)):
+        out = tmp_path_factory.mktemp(f"runs_{kind}")
+        assert main(["train", *tiny_overrides(model_dir, data_csv, out)]) == 0
+        runs[kind] = out / "run"
+    return runs
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "gemma4"])
+def test_run_directory_layout_and_learning(trained_runs, kind):
+    run = trained_runs[kind]
+    for name in ("config.yaml", "env.json", "labels.json", "train_log.jsonl", "metrics.json",
+                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "merged/config.json",
+                 "predictions/test.jsonl", "predictions/validation_step00010.jsonl"):
+        assert (run / name).exists(), name
+    env = json.loads((run / "env.json").read_text())
+    for key in ("torch", "torch_hip", "torch_cuda", "transformers", "peft", "device_name", "device_arch"):
+        assert key in env
+    log = read_jsonl(run / "train_log.jsonl")
+    steps = [r for r in log if "loss" in r]
+    assert [r["step"] for r in steps][:3] == [5, 10, 15]
+    assert all(r["tokens_per_second"] > 0 and r["memory_mb"] > 0 and r["lr"] >= 0 for r in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert any("validation_accuracy" in r for r in log)
+    rows = read_jsonl(run / "predictions" / "validation_step00010.jsonl")
+    assert len(rows) == 60 and set(rows[0]) == {"text", "label", "prediction", "probabilities"}
+    assert sum(rows[0]["probabilities"].values()) == pytest.approx(1.0, abs=1e-4)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test"]["accuracy"] >= 0.75, metrics["test"]["accuracy"]
+    assert set(metrics["test"]["per_class"]) == {"neg", "pos"}
+    assert sum(map(sum, metrics["test"]["confusion_matrix"]["matrix"])) == 60
+    assert metrics["export"]["predictions_equal"] and metrics["export"]["max_probability_difference"] < 1e-4
+    assert metrics["validation"]["best_accuracy"] >= 0.75
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "gemma4"])
+def test_merged_model_loads_with_plain_transformers(trained_runs, kind):
+    run = trained_runs[kind]
+    merged = run / "merged"
+    model = AutoModelForSequenceClassification.from_pretrained(merged, trust_remote_code=(kind == "gemma4")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    rows = read_jsonl(run / "predictions" / "test.jsonl")
+    with torch.no_grad():
+        for row in rows[:20]:
+            logits = model(**tokenizer(row["text"], return_tensors="pt")).logits
+            assert model.config.id2label[int(logits.argmax())] == row["prediction"]
+    assert not any("lora" in name for name, _ in model.named_parameters())
+
+
+def test_reload_evaluate_and_predict(trained_runs, capsys, tmp_path):
+    run = trained_runs["gemma3"]
+    metrics = json.loads((run / "metrics.json").read_text())
+    capsys.readouterr()
+    assert main(["evaluate", str(run)]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["accuracy"] == pytest.approx(metrics["test"]["accuracy"])
+    test_rows = read_jsonl(run / "predictions" / "test.jsonl")
+    assert main(["predict", str(run), "--text", test_rows[0]["text"], "--text", test_rows[1]["text"]]) == 0
+    predicted = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["prediction"] for p in predicted] == [test_rows[0]["prediction"], test_rows[1]["prediction"]]
+    for a, b in zip(predicted, test_rows[:2]):
+        for label, p in a["probabilities"].items():
+            assert p == pytest.approx(b["probabilities"][label], abs=1e-4)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("great superb film\nawful dull boring plot\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", str(run), "--file", str(texts), "--out", str(out)]) == 0
+    assert [r["prediction"] for r in read_jsonl(out)] == ["pos", "neg"]
+    other = tmp_path / "other.csv"
+    synthetic_frame(40, seed=5).to_csv(other, index=False)
+    assert main(["evaluate", str(run), "--data", str(other)]) == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 40
+
+
+def test_early_stopping(gemma3_dir, data_csv, tmp_path):
+    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, learning_rate=1e-9, patience=2, eval_every=2,
+                          merge=False, epochs=2)
+    assert main(["train", *args]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["train"]["stopped_early"] and metrics["train"]["steps"] == 6
+    assert metrics["validation"]["best_step"] == 2
+    assert not (tmp_path / "run" / "merged").exists()
+
+
+def test_multiclass(gemma3_dir, tmp_path):
+    classes = {"pos": ["good", "great", "superb"], "neg": ["bad", "awful", "dull"], "mid": ["ok", "meh", "so-so"]}
+    data = tmp_path / "three.jsonl"
+    synthetic_frame(300, classes=classes).to_json(data, orient="records", lines=True)
+    args = tiny_overrides(gemma3_dir, data, tmp_path, train_size=180, validation_size=60, test_size=60, epochs=5)
+    assert main(["train", *args]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert len(metrics["test"]["confusion_matrix"]["matrix"]) == 3
+    assert metrics["test"]["accuracy"] > 0.7
