@@ -59,3 +59,10 @@ def test_bad_config_files(tmp_path):
 def test_override_values_read_as_yaml_scalars():
     assert parse_overrides(["a=2.0e-4", "b=null", "c=[x, y]", "d=text"]) == {"a": 2e-4, "b": None, "c": ["x", "y"], "d": "text"}
     assert Config().to_dict()["r"] == 8
+
+
+def test_example_config_loads():
+    from pathlib import Path
+
+    config = load_config(str(Path(__file__).parent.parent / "configs" / "example.yaml"))
+    assert config.labels == ["negative", "positive"] and config.text_column == "review"

