@@ -95,3 +95,16 @@ def tiny_overrides(model_dir: Path, data: Path, out: Path, **extra) -> list[str]
     for key, value in values.items():
         args += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return args
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory, gemma3_dir, gemma4_dir, data_csv):
+    """One finished run per tiny model (Gemma 3 text: transformers' head; Gemma 4 text: the generic head)."""
+    from loracls.cli import main
+
+    runs = {}
+    for kind, model_dir in (("gemma3", gemma3_dir), ("gemma4", gemma4_dir)):
+        out = tmp_path_factory.mktemp(f"runs_{kind}")
+        assert main(["train", *tiny_overrides(model_dir, data_csv, out)]) == 0
+        runs[kind] = out / "run"
+    return runs

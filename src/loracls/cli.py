@@ -83,6 +83,26 @@ def cmd_modules(args) -> None:
             print(f"  {name}")
 
 
+def cmd_doctor(args) -> int:
+    from loracls.doctor import doctor
+
+    return doctor(log=print)
+
+
+def cmd_baseline(args) -> None:
+    from loracls.config import load_config
+    from loracls.pipeline import baseline
+
+    result = baseline(load_config(args.config, args.set), log)
+    print(json.dumps(result))
+
+
+def cmd_report(args) -> None:
+    from loracls.report import write_report
+
+    print(write_report(args.run))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("doctor", help="backend, versions, GPU arch vs torch build, a real matmul, bf16, bitsandbytes")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("baseline", help="zero-shot prompt baseline (plain and calibrated) on the test split")
+    p.add_argument("config", nargs="?")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("report", help="one HTML page (and PNGs) for a finished run")
+    p.add_argument("run")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("evaluate", help="metrics of a finished run on its test split or another file")
     p.add_argument("run")
@@ -115,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _quiet_libraries()
-        args.func(args)
+        code = args.func(args)
     except LoraclsError as exc:
         print(f"loracls: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("loracls: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,13 @@ class Config:
     output_dir: str = "runs"
     run_name: str | None = None
     merge: bool = True  # write the merged standalone model and check it against the adapter
+    # --- zero-shot baseline (scored on the test split before training) ---
+    baseline: bool = True
+    prompt_template: str | None = None  # must hold {text}; may hold {choices}
+    verbalizers: dict[str, str] | None = None  # label name -> word scored after the prompt
+    # --- memory savers that need bitsandbytes on a GPU ---
+    optimizer: str = "adamw"  # adamw | adamw_8bit
+    quantization: str = "none"  # none | 4bit | 8bit (QLoRA)
 
     def validate(self) -> "Config":
         positive = ["max_length", "r", "batch_size", "gradient_accumulation", "epochs", "log_every",
@@ -84,7 +91,8 @@ class Config:
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm < 0:
             raise LoraclsError("config: warmup_steps, weight_decay and max_grad_norm must be >= 0")
         choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
-                   "scheduler": ("cosine", "linear", "constant")}
+                   "scheduler": ("cosine", "linear", "constant"),
+                   "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -118,6 +126,10 @@ def _coerce(key: str, value):
         raise LoraclsError(f"config: {key} cannot be null")
     base = next((a for a in args if a is not type(None)), hint) if args and optional else hint
     origin = typing.get_origin(base)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise LoraclsError(f"config: {key} must be a mapping like {{name: word}}, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]

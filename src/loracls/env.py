@@ -44,6 +44,10 @@ def _cpuinfo_field(field: str) -> str:
     return ""
 
 
+def cpu_model_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
 def cpu_flags() -> set[str]:
     return set(_cpuinfo_field("flags").split())
 
@@ -103,7 +107,7 @@ def device_description(device: torch.device) -> dict:
         props = torch.cuda.get_device_properties(device)
         arch = getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"
         return {"device_name": props.name, "device_arch": arch, "device_memory_gb": round(props.total_memory / 2**30, 1)}
-    return {"device_name": _cpuinfo_field("model name") or platform.processor() or platform.machine(), "device_arch": platform.machine(),
+    return {"device_name": cpu_model_name(), "device_arch": platform.machine(),
             "cpu_count": os.cpu_count(), "cpu_native_bf16": cpu_has_native_bf16()}
 
 

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from peft import PeftModel
 
 from loracls import rundir
 from loracls.env import Runtime
 from loracls.errors import LoraclsError
 from loracls.evaluate import predict_probabilities
-from loracls.model import is_generic, load_standalone, write_generic_module
+from loracls.model import is_generic, load_classifier, load_standalone, write_generic_module
 
 TIE_MARGIN = 1e-3  # predictions may differ only where the adapter's top two classes are this close
 
@@ -26,26 +27,31 @@ def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> 
             "max_probability_difference": float(np.abs(adapter_probs - merged_probs).max()) if len(adapter_probs) else 0.0}
 
 
-def export_merged(peft_model, tokenizer, run: Path, ids: list[list[int]], batch_size: int, runtime, log=print) -> dict:
-    """merge_and_unload -> run/merged (plain transformers loads it) -> same predictions as the adapter.
+def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], batch_size: int,
+                  runtime, log=print) -> dict:
+    """Saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged -> same predictions.
 
-    Both sides are computed in fp32 without autocast: the check is that the two compute the same function,
-    not how a low-precision matmul rounds W x + B A x versus (W + B A) x.
+    Starting from the saved adapter also proves the adapter directory is complete, and works the same
+    after QLoRA (the merge goes into unquantized weights). Both sides are computed in fp32 without
+    autocast: the check is that the two compute the same function, not how a low-precision matmul
+    rounds W x + B A x versus (W + B A) x.
     """
     exact = Runtime(runtime.device, torch.float32)
-    adapter_probs = predict_probabilities(peft_model, ids, tokenizer.pad_token_id, batch_size, exact)
+    loaded = load_classifier(model_dir, id2label, log=lambda *_: None)
+    peft_model = PeftModel.from_pretrained(loaded.model, str(run / rundir.ADAPTER)).to(runtime.device)
+    adapter_probs = predict_probabilities(peft_model, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
     merged = peft_model.merge_and_unload()
     generic = is_generic(type(merged))
 
     def fill(staging: Path) -> None:
         merged.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        loaded.tokenizer.save_pretrained(staging)
         if generic:
             write_generic_module(staging, type(merged))
 
     rundir.replace_dir(run / rundir.MERGED, fill)
     standalone = load_standalone(run / rundir.MERGED).to(runtime.device)
-    merged_probs = predict_probabilities(standalone, ids, tokenizer.pad_token_id, batch_size, exact)
+    merged_probs = predict_probabilities(standalone, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
     check = compare_predictions(adapter_probs, merged_probs)
     if not check["predictions_equal"]:
         raise LoraclsError(f"the merged model disagrees with the adapter on {check['disagreements_beyond_ties']} of "

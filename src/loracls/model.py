@@ -177,7 +177,22 @@ class LoadedModel:
     parameters: int
 
 
-def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtype = torch.float32, log=print) -> LoadedModel:
+def quantization_kwargs(quantization: str) -> dict:
+    """from_pretrained arguments for QLoRA (bitsandbytes on a GPU; checked by the caller)."""
+    if quantization == "none":
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "4bit":
+        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                    bnb_4bit_compute_dtype=torch.bfloat16)
+    else:
+        config = BitsAndBytesConfig(load_in_8bit=True)
+    return {"quantization_config": config, "device_map": {"": 0}}
+
+
+def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtype = torch.float32, log=print,
+                    quantization: str = "none") -> LoadedModel:
     """Base decoder + a new classification head. Refuses checkpoints missing weights beyond the head."""
     tokenizer = load_tokenizer(model_dir, log)
     try:
@@ -191,10 +206,15 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
     config.pad_token_id = tokenizer.pad_token_id
     model_class = classifier_class(config)
     try:
-        model, info = model_class.from_pretrained(str(model_dir), config=config, dtype=dtype, output_loading_info=True)
+        model, info = model_class.from_pretrained(str(model_dir), config=config, dtype=dtype, output_loading_info=True,
+                                                  **quantization_kwargs(quantization))
     except Exception as exc:
         raise LoraclsError(f"cannot load model weights from {model_dir}: {_first_line(exc)}") from None
     check_loaded_weights(info, model_dir)
+    if quantization != "none":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     hidden = config.hidden_size

@@ -16,37 +16,58 @@ from peft import PeftModel
 from loracls import rundir
 from loracls.config import Config, from_dict
 from loracls.data import Dataset, encode, format_counts, load_dataset, read_table
-from loracls.env import environment_record, precision_reason, setup_runtime
+from loracls.baseline import prompt_setup, run_baseline
+from loracls.doctor import require_bitsandbytes
+from loracls.env import backend_name, environment_record, precision_reason, setup_runtime
 from loracls.errors import LoraclsError
 from loracls.evaluate import classification_metrics, format_metrics, predict_probabilities, prediction_rows
 from loracls.export import export_merged
 from loracls.lora import apply_lora
-from loracls.model import load_classifier, resolve_model_dir
+from loracls.model import load_classifier, load_tokenizer, resolve_model_dir
 from loracls.train import Trainer
+
+
+def check_memory_savers(config: Config, runtime) -> None:
+    """8-bit optimizers and QLoRA need bitsandbytes on a GPU: refuse them clearly anywhere else."""
+    backend = backend_name() if runtime.device.type == "cuda" else runtime.device.type
+    if config.optimizer == "adamw_8bit":
+        require_bitsandbytes("optimizer adamw_8bit", backend)
+    if config.quantization != "none":
+        require_bitsandbytes(f"quantization {config.quantization} (QLoRA)", backend)
 
 
 def train(config: Config, log=print) -> Path:
     started = time.perf_counter()
     runtime = setup_runtime(config.device, config.precision, config.threads)
+    check_memory_savers(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
+    if config.baseline:
+        prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
     model_dir = resolve_model_dir(config.model, log)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
-    loaded = load_classifier(model_dir, dataset.id2label, log=log)
+    loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization)
     peft_model, lora_report = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout,
                                          config.target_modules, log)
-    peft_model.to(runtime.device)
+    if config.quantization == "none":
+        peft_model.to(runtime.device)
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
 
     run = rundir.new_run_dir(config.output_dir, config.run_name)
     log(f"run directory: {run}")
-    env = environment_record(runtime)
     rundir.write_yaml(run / rundir.CONFIG, config.to_dict())
-    rundir.write_json(run / rundir.ENV, env)
+    rundir.write_json(run / rundir.ENV, environment_record(runtime))
     rundir.write_json(run / rundir.LABELS, {str(i): name for i, name in dataset.id2label.items()})
 
-    trainer = Trainer(peft_model, loaded.tokenizer, dataset, config, runtime, run, log)
-    result = trainer.fit()
+    baseline = None
+    if config.baseline:
+        baseline, plain, _ = run_baseline(model_dir, loaded.tokenizer, dataset.test.texts, dataset.test.labels,
+                                          dataset.id2label, config, runtime, log)
+        rundir.write_json(run / rundir.BASELINE, baseline)
+        rundir.write_jsonl(run / rundir.PREDICTIONS / "baseline_test.jsonl",
+                           prediction_rows(dataset.test.texts, dataset.test.labels, plain, dataset.id2label))
+
+    result = Trainer(peft_model, loaded.tokenizer, dataset, config, runtime, run, log).fit()
     log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s; "
         f"best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
 
@@ -56,25 +77,43 @@ def train(config: Config, log=print) -> Path:
     rundir.write_jsonl(run / rundir.PREDICTIONS / "test.jsonl",
                        prediction_rows(dataset.test.texts, dataset.test.labels, probs, dataset.id2label))
     log("test:\n" + format_metrics(test_metrics))
+    hidden_size, parameters = loaded.hidden_size, loaded.parameters
+    del peft_model, loaded  # the export starts from the saved adapter
 
     export_check = None
     if config.merge:
-        export_check = export_merged(peft_model, loaded.tokenizer, run, test_ids, config.eval_batch_size, runtime, log)
+        export_check = export_merged(run, model_dir, dataset.id2label, test_ids, config.eval_batch_size, runtime, log)
     metrics = {
         "test": test_metrics,
+        "baseline": None if baseline is None else {"zero_shot_accuracy": baseline["zero_shot"]["accuracy"],
+                                                   "calibrated_accuracy": baseline["calibrated"]["accuracy"]},
         "validation": {"best_accuracy": result.best_validation_accuracy, "best_step": result.best_step},
         "train": {"steps": result.steps, "stopped_early": result.stopped_early, "seconds": round(result.seconds, 1),
                   "train_tokens": result.train_tokens, "tokens_per_second": round(result.tokens_per_second, 1)},
-        "model": {"source": config.model, "directory": str(model_dir), "hidden_size": loaded.hidden_size,
-                  "parameters": loaded.parameters, "trainable_parameters": lora_report.trainable,
+        "model": {"source": config.model, "directory": str(model_dir), "hidden_size": hidden_size,
+                  "parameters": parameters, "trainable_parameters": lora_report.trainable,
                   "lora_modules": len(lora_report.matched)},
         "data": dataset.class_counts(),
         "export": export_check,
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
     rundir.write_json(run / rundir.METRICS, metrics)
+    if baseline is not None:
+        log(f"side by side on the test split: zero-shot {baseline['zero_shot']['accuracy']:.4f}, "
+            f"calibrated {baseline['calibrated']['accuracy']:.4f} -> LoRA {test_metrics['accuracy']:.4f}")
     log(f"done in {metrics['wall_seconds']:.0f}s: test accuracy {test_metrics['accuracy']:.4f}; metrics in {run / rundir.METRICS}")
     return run
+
+
+def baseline(config: Config, log=print) -> dict:
+    """`loracls baseline`: the zero-shot baseline alone, on the same test split `train` would use."""
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    dataset = load_dataset(config)
+    prompt_setup(config, dataset.id2label)
+    model_dir = resolve_model_dir(config.model, log)
+    result, _, _ = run_baseline(model_dir, load_tokenizer(model_dir, log), dataset.test.texts, dataset.test.labels,
+                                dataset.id2label, config, runtime, log)
+    return result
 
 
 # --- using a finished run -------------------------------------------------------------------------

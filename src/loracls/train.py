@@ -45,6 +45,14 @@ def memory_mb(device: torch.device) -> float:
         return float("nan")
 
 
+def make_optimizer(params, config: Config) -> torch.optim.Optimizer:
+    if config.optimizer == "adamw_8bit":  # availability checked before the run starts
+        import bitsandbytes
+
+        return bitsandbytes.optim.AdamW8bit(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
 def plan_steps(num_examples: int, config: Config) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps)."""
     batches = math.ceil(num_examples / config.batch_size)
@@ -61,7 +69,7 @@ class Trainer:
         self.train_ids = self._encode(dataset.train.texts)
         self.validation_ids = self._encode(dataset.validation.texts)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.optimizer = make_optimizer(self.params, config)
         self.steps_per_epoch, self.total_steps = plan_steps(len(dataset.train), config)
         self.scheduler = get_scheduler(config.scheduler if config.scheduler != "constant" else "constant_with_warmup",
                                        self.optimizer, num_warmup_steps=config.warmup_steps,

@@ -1,0 +1,115 @@
+"""Zero-shot baseline: the base causal LM scores each label's verbalizer by log-probability after a prompt
+(no free generation), plus contextual calibration (Zhao et al. 2021): the label probabilities of
+content-free inputs divide out the prompt's own bias.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from loracls.config import EMBEDDED_DATA, Config
+from loracls.errors import LoraclsError
+from loracls.evaluate import classification_metrics
+
+CONTENT_FREE = ["N/A", "", "[MASK]"]
+DEFAULT_TEMPLATE = "Text: {text}\nAnswer with one of: {choices}.\nAnswer:"
+EMBEDDED_TEMPLATE = "Movie review: {text}\nIs this review positive or negative?\nAnswer:"
+EMBEDDED_VERBALIZERS = {"fresh": "positive", "rotten": "negative"}
+
+
+def prompt_setup(config: Config, id2label: dict[int, str]) -> tuple[str, list[str]]:
+    """(template, verbalizer word per label id). The embedded data set has its own sensible defaults."""
+    embedded = config.data == EMBEDDED_DATA
+    mapping = config.verbalizers or (EMBEDDED_VERBALIZERS if embedded else {})
+    words = [mapping.get(id2label[i], id2label[i]) for i in sorted(id2label)]
+    template = config.prompt_template or (EMBEDDED_TEMPLATE if embedded else DEFAULT_TEMPLATE)
+    if "{text}" not in template:
+        raise LoraclsError("config: prompt_template must contain {text}")
+    return template, words
+
+
+def _left_padded(sequences: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, width - len(seq):] = torch.tensor(seq)
+        mask[row, width - len(seq):] = 1
+    return {"input_ids": input_ids, "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
+
+class ZeroShotScorer:
+    def __init__(self, model, tokenizer, template: str, words: list[str], max_length: int, batch_size: int, runtime):
+        self.model, self.tokenizer, self.template = model, tokenizer, template
+        self.max_length, self.batch_size, self.runtime = max_length, batch_size, runtime
+        self.choices = ", ".join(words)
+        self.verbalizer_ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"] for w in words]
+        if any(len(ids) == 0 for ids in self.verbalizer_ids):
+            raise LoraclsError(f"a verbalizer tokenizes to nothing: {words}")
+
+    def _prompt_ids(self, texts: list[str]) -> list[list[int]]:
+        # the text is truncated, the instruction around it is kept
+        text_ids = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=self.max_length)["input_ids"]
+        texts = self.tokenizer.batch_decode(text_ids)
+        return self.tokenizer([self.template.format(text=t, choices=self.choices) for t in texts])["input_ids"]
+
+    @torch.inference_mode()
+    def _continuation_logprob(self, prompts: list[list[int]], continuation: list[int]) -> np.ndarray:
+        """Sum of log p(continuation tokens | prompt) per prompt; left padding aligns the ends."""
+        keep = len(continuation) + 1
+        target = torch.tensor(continuation)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        scores = np.zeros(len(prompts))
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            batch = _left_padded([prompts[i] + continuation for i in rows], self.tokenizer.pad_token_id)
+            with self.runtime.autocast:
+                logits = self.model(**{k: v.to(self.runtime.device) for k, v in batch.items()}, logits_to_keep=keep).logits
+            logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1).cpu()
+            picked = logprobs.gather(-1, target.expand(len(rows), -1).unsqueeze(-1)).squeeze(-1).sum(-1)
+            scores[rows] = picked.numpy()
+        return scores
+
+    def label_logprobs(self, texts: list[str]) -> np.ndarray:
+        prompts = self._prompt_ids(texts)
+        return np.stack([self._continuation_logprob(prompts, ids) for ids in self.verbalizer_ids], axis=1)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def calibrate(label_logprobs: np.ndarray, content_free_logprobs: np.ndarray) -> np.ndarray:
+    """Contextual calibration: divide label probabilities by the mean content-free label probabilities."""
+    p_cf = _softmax(content_free_logprobs).mean(axis=0)
+    return _softmax(np.log(_softmax(label_logprobs)) - np.log(p_cf))
+
+
+def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2label: dict[int, str],
+                 config: Config, runtime, log=print) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Zero-shot metrics (plain and calibrated) and the two probability arrays."""
+    template, words = prompt_setup(config, id2label)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(runtime.device).eval()
+    except Exception as exc:
+        raise LoraclsError(f"baseline: cannot load {model_dir} as a causal LM: {str(exc).splitlines()[0][:200]}") from None
+    scorer = ZeroShotScorer(model, tokenizer, template, words, config.max_length, config.eval_batch_size, runtime)
+    scores = scorer.label_logprobs(texts)
+    content_free = scorer.label_logprobs(CONTENT_FREE)
+    plain = _softmax(scores)
+    calibrated = calibrate(scores, content_free)
+    result = {
+        "prompt_template": template,
+        "verbalizers": {id2label[i]: w for i, w in enumerate(words)},
+        "zero_shot": classification_metrics(labels, plain, id2label),
+        "calibrated": classification_metrics(labels, calibrated, id2label),
+        "content_free_probabilities": _softmax(content_free).mean(axis=0).round(4).tolist(),
+    }
+    log(f"baseline (zero-shot, {len(texts)} test examples): accuracy {result['zero_shot']['accuracy']:.4f}, "
+        f"calibrated {result['calibrated']['accuracy']:.4f}")
+    del model
+    return result, plain, calibrated

@@ -1,0 +1,130 @@
+"""`loracls report RUN`: one HTML page (plus PNGs) from a finished run directory.
+
+Loss and validation curves, confusion matrix, baseline vs LoRA table, the most confident mistakes,
+and the environment record. Reads only files the run wrote.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from loracls import rundir
+from loracls.errors import LoraclsError
+
+REPORT = "report.html"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def confident_mistakes(rows: list[dict], limit: int = 10) -> list[dict]:
+    wrong = [r for r in rows if r.get("label") is not None and r["label"] != r["prediction"]]
+    return sorted(wrong, key=lambda r: -r["probabilities"][r["prediction"]])[:limit]
+
+
+def _plot_curves(log: list[dict], target: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in log if "loss" in r]
+    evals = [r for r in log if "validation_accuracy" in r]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="tab:blue")
+    left.set(title="training loss", xlabel="optimizer step", ylabel="loss")
+    right.plot([r["step"] for r in evals], [r["validation_accuracy"] for r in evals], marker="o", color="tab:green")
+    right.set(title="validation accuracy", xlabel="optimizer step", ylabel="accuracy")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def _plot_confusion(confusion: dict, target: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, matrix = confusion["labels"], confusion["matrix"]
+    size = 1.2 + 0.7 * len(labels)
+    fig, axis = plt.subplots(figsize=(size + 1, size))
+    image = axis.imshow(matrix, cmap="Blues")
+    axis.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    axis.set_yticks(range(len(labels)), labels)
+    axis.set(xlabel="predicted", ylabel="true", title="test confusion matrix")
+    peak = max(max(row) for row in matrix) or 1
+    for i, row in enumerate(matrix):
+        for j, value in enumerate(row):
+            axis.text(j, i, str(value), ha="center", va="center", color="white" if value > peak / 2 else "black")
+    fig.colorbar(image, ax=axis, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def write_report(run_path: str) -> Path:
+    run = Path(run_path)
+    if not (run / rundir.METRICS).is_file():
+        raise LoraclsError(f"{run_path} is not a finished loracls run directory ({rundir.METRICS} missing)")
+    metrics = rundir.read_json(run / rundir.METRICS)
+    env = rundir.read_json(run / rundir.ENV) if (run / rundir.ENV).is_file() else {}
+    baseline = rundir.read_json(run / rundir.BASELINE) if (run / rundir.BASELINE).is_file() else None
+    log = _read_jsonl(run / rundir.TRAIN_LOG)
+    _plot_curves(log, run / "curves.png")
+    _plot_confusion(metrics["test"]["confusion_matrix"], run / "confusion.png")
+
+    comparison = []
+    if baseline is not None:
+        comparison += [["zero-shot prompt", baseline["zero_shot"]["accuracy"], baseline["zero_shot"]["macro_f1"]],
+                       ["zero-shot, calibrated", baseline["calibrated"]["accuracy"], baseline["calibrated"]["macro_f1"]]]
+    comparison.append(["LoRA", metrics["test"]["accuracy"], metrics["test"]["macro_f1"]])
+    per_class = [[name, row["precision"], row["recall"], row["f1"], row["support"]]
+                 for name, row in metrics["test"]["per_class"].items()]
+    mistakes = [[r["label"], r["prediction"], r["probabilities"][r["prediction"]], r["text"]]
+                for r in confident_mistakes(_read_jsonl(run / rundir.PREDICTIONS / "test.jsonl"))]
+    train = metrics["train"]
+    summary = [["train steps", train["steps"]], ["stopped early", train["stopped_early"]],
+               ["train tokens/s", train["tokens_per_second"]], ["loop seconds", train["seconds"]],
+               ["wall seconds", metrics.get("wall_seconds")],
+               ["best validation accuracy", metrics["validation"]["best_accuracy"]],
+               ["best step", metrics["validation"]["best_step"]],
+               ["merged == adapter", (metrics.get("export") or {}).get("predictions_equal", "not exported")]]
+    sections = [
+        f"<h1>loracls run {html.escape(run.name)}</h1>",
+        "<h2>Baseline vs LoRA (test split)</h2>",
+        _table(["method", "accuracy", "macro F1"], [[m, _fmt(a), _fmt(f)] for m, a, f in comparison]),
+        "<h2>Training</h2>", '<img src="curves.png" alt="loss and validation curves">',
+        _table(["", ""], [[k, _fmt(v)] for k, v in summary]),
+        "<h2>Test report</h2>",
+        _table(["class", "precision", "recall", "F1", "support"], [[r[0], *map(_fmt, r[1:])] for r in per_class]),
+        '<img src="confusion.png" alt="confusion matrix">',
+        "<h2>Most confident mistakes</h2>",
+        _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])
+        if mistakes else "<p>none</p>",
+        "<h2>Environment</h2>", _table(["", ""], [[k, v] for k, v in env.items()]),
+    ]
+    style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
+             "th{background:#f3f3f3}img{max-width:100%}")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>loracls {html.escape(run.name)}</title>"
+            f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
+    rundir.write_text(run / REPORT, page)
+    return run / REPORT
