@@ -33,8 +33,12 @@ def cmd_train(args) -> None:
     from loracls.config import load_config
     from loracls.pipeline import train
 
-    config = load_config(args.config, args.set)
-    train(config, log)
+    if args.resume:
+        if args.config or args.set:
+            raise LoraclsError("--resume takes the run's own config; give no CONFIG or --set with it")
+        train(None, log, resume=args.resume)
+        return
+    train(load_config(args.config, args.set), log)
 
 
 def cmd_evaluate(args) -> None:
@@ -110,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a classifier (no config: the embedded default job)")
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--resume", metavar="RUN", help="continue an interrupted run from its last checkpoint")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("doctor", help="backend, versions, GPU arch vs torch build, a real matmul, bf16, bitsandbytes")

@@ -19,6 +19,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 from transformers.modeling_layers import GenericForSequenceClassification
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from loracls.config import EMBEDDED_MODEL
 from loracls.errors import LoraclsError
@@ -154,18 +155,20 @@ def _pretrained_base(model_class: type) -> type:
 
 def classifier_class(config) -> type:
     """transformers' own *ForSequenceClassification, else a generic head on the last non-pad token."""
-    if type(config) in AutoModelForSequenceClassification._model_mapping:
+    # transformers' own classes only: loading a generic-head export with trust_remote_code registers its
+    # class in the auto mapping for the rest of the process, which must not replace ours
+    if config.model_type in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
         return AutoModelForSequenceClassification._model_mapping[type(config)]
     if type(config) not in AutoModelForCausalLM._model_mapping or type(config) not in AutoModel._model_mapping:
         raise LoraclsError(f"model type {config.model_type!r} is not a decoder transformers knows")
     backbone = AutoModel._model_mapping[type(config)]
     name = backbone.__name__.removesuffix("Model") + "ForSequenceClassification"
     return type(name, (GenericForSequenceClassification, _pretrained_base(backbone)),
-                {"config_class": type(config), "__module__": __name__})
+                {"config_class": type(config), "__module__": __name__, "loracls_generic_head": True})
 
 
 def is_generic(model_class: type) -> bool:
-    return model_class.__module__ == __name__
+    return getattr(model_class, "loracls_generic_head", False)
 
 
 @dataclass
@@ -242,6 +245,7 @@ def write_generic_module(directory: Path, model_class: type) -> None:
         f"from {config_class.__module__} import {config_class.__name__}\n\n\n"
         f"class {model_class.__name__}(GenericForSequenceClassification, {base.__name__}):\n"
         f"    config_class = {config_class.__name__}\n"
+        "    loracls_generic_head = True\n"
     )
     (directory / GENERIC_MODULE).write_text(source)
     config_path = directory / "config.json"
@@ -252,11 +256,5 @@ def write_generic_module(directory: Path, model_class: type) -> None:
 
 def load_standalone(directory: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load a merged model directory the way a user with plain transformers would."""
-    config = AutoConfig.from_pretrained(str(directory), trust_remote_code=True)
-    try:
-        model_class = classifier_class(config)
-    except LoraclsError:
-        model_class = None
-    if model_class is not None and not is_generic(model_class):
-        return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=dtype)
-    return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=dtype, trust_remote_code=True)
+    remote_code = "auto_map" in json.loads((directory / "config.json").read_text())  # a generic-head export
+    return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=dtype, trust_remote_code=remote_code)

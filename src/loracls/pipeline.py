@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from peft import PeftModel
 
-from loracls import rundir
+from loracls import distributed, rundir
 from loracls.config import Config, from_dict
 from loracls.data import Dataset, encode, format_counts, load_dataset, read_table
 from loracls.baseline import prompt_setup, run_baseline
@@ -36,9 +36,33 @@ def check_memory_savers(config: Config, runtime) -> None:
         require_bitsandbytes(f"quantization {config.quantization} (QLoRA)", backend)
 
 
-def train(config: Config, log=print) -> Path:
+def _quiet(*_args, **_kwargs) -> None:
+    pass
+
+
+def _prepare_run(config: Config, runtime, dataset: Dataset, resume: Path | None) -> Path:
+    """A new run directory with its config, env and labels (rank 0 writes; all ranks get the path)."""
+    if resume is not None:
+        return resume
+    run = None
+    if distributed.is_main():
+        run = rundir.new_run_dir(config.output_dir, config.run_name)
+        rundir.write_yaml(run / rundir.CONFIG, config.to_dict())
+        rundir.write_json(run / rundir.ENV, environment_record(runtime))
+        rundir.write_json(run / rundir.LABELS, {str(i): name for i, name in dataset.id2label.items()})
+    return distributed.broadcast_object(run)
+
+
+def train(config: Config | None, log=print, resume: str | None = None) -> Path:
+    """The main job. With `resume`, the run directory's own config and checkpoint are used."""
     started = time.perf_counter()
+    distributed.init_from_environment()
+    log = log if distributed.is_main() else _quiet
+    resume_dir = rundir.check_resumable(resume) if resume else None
+    if resume_dir is not None:
+        config = from_dict(_read_yaml(resume_dir / rundir.CONFIG))
     runtime = setup_runtime(config.device, config.precision, config.threads)
+    runtime.device = distributed.local_device(runtime.device)
     check_memory_savers(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
@@ -53,21 +77,26 @@ def train(config: Config, log=print) -> Path:
         peft_model.to(runtime.device)
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
 
-    run = rundir.new_run_dir(config.output_dir, config.run_name)
+    run = _prepare_run(config, runtime, dataset, resume_dir)
     log(f"run directory: {run}")
-    rundir.write_yaml(run / rundir.CONFIG, config.to_dict())
-    rundir.write_json(run / rundir.ENV, environment_record(runtime))
-    rundir.write_json(run / rundir.LABELS, {str(i): name for i, name in dataset.id2label.items()})
-
     baseline = None
-    if config.baseline:
-        baseline, plain, _ = run_baseline(model_dir, loaded.tokenizer, dataset.test.texts, dataset.test.labels,
-                                          dataset.id2label, config, runtime, log)
-        rundir.write_json(run / rundir.BASELINE, baseline)
-        rundir.write_jsonl(run / rundir.PREDICTIONS / "baseline_test.jsonl",
-                           prediction_rows(dataset.test.texts, dataset.test.labels, plain, dataset.id2label))
+    if config.baseline and distributed.is_main():
+        if (run / rundir.BASELINE).is_file():
+            baseline = rundir.read_json(run / rundir.BASELINE)
+        else:
+            baseline, plain, _ = run_baseline(model_dir, loaded.tokenizer, dataset.test.texts, dataset.test.labels,
+                                              dataset.id2label, config, runtime, log)
+            rundir.write_jsonl(run / rundir.PREDICTIONS / "baseline_test.jsonl",
+                               prediction_rows(dataset.test.texts, dataset.test.labels, plain, dataset.id2label))
+            rundir.write_json(run / rundir.BASELINE, baseline)
+    distributed.barrier()
 
-    result = Trainer(peft_model, loaded.tokenizer, dataset, config, runtime, run, log).fit()
+    trainer = Trainer(peft_model, loaded.tokenizer, dataset, config, runtime, run, log)
+    if resume_dir is not None:
+        trainer.load_checkpoint()
+    result = trainer.fit()
+    if not distributed.is_main():
+        return run
     log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s; "
         f"best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
 

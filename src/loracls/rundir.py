@@ -60,6 +60,13 @@ def append_jsonl(path: Path, row: dict) -> None:
         fh.write(json.dumps(row) + "\n")
 
 
+def truncate_lines(path: Path, keep: int) -> None:
+    """Keep the first `keep` lines (a resumed run drops what was logged after its checkpoint)."""
+    if path.is_file():
+        lines = path.read_text().splitlines(keepends=True)
+        write_text(path, "".join(lines[:keep]))
+
+
 def replace_dir(target: Path, fill) -> None:
     """Write a directory through `fill(staging_path)` and swap it in whole."""
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
@@ -81,6 +88,16 @@ def read_json(path: Path):
         raise LoraclsError(f"{path} not found") from None
     except json.JSONDecodeError as exc:
         raise LoraclsError(f"{path} is not valid JSON ({exc})") from None
+
+
+def check_resumable(path: str) -> Path:
+    run = Path(path)
+    for name in (CONFIG, LABELS, "checkpoint.pt"):
+        if not (run / name).exists():
+            raise LoraclsError(f"cannot resume {path}: {name} missing (a run is resumable after its first validation)")
+    if (run / METRICS).exists():
+        raise LoraclsError(f"{path} already finished ({METRICS} exists); nothing to resume")
+    return run
 
 
 def check_run_dir(path: str) -> Path:

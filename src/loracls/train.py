@@ -1,15 +1,16 @@
 """Training stage: an explicit torch loop (AdamW, warmup + cosine, accumulation, clipping, validation).
 
 Every `log_every` optimizer steps one JSON line (loss, lr, memory, tokens/s); every `eval_every` steps a
-validation pass writes its predictions JSONL and keeps the best adapter by validation accuracy; `patience`
-validations without improvement stop the run.
+validation pass writes its predictions JSONL, keeps the best adapter by validation accuracy, and writes
+a resumable checkpoint (atomically); `patience` validations without improvement stop the run.
+A resumed run replays the same batches, RNG and optimizer state, so it ends where an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,11 +18,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import get_scheduler
 
-from loracls import rundir
+from loracls import distributed, rundir
 from loracls.config import Config
 from loracls.data import Dataset, collate, encode, length_grouped_batches
 from loracls.errors import LoraclsError
 from loracls.evaluate import predict_probabilities, prediction_rows
+
+CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass
@@ -33,6 +36,22 @@ class TrainResult:
     seconds: float  # wall time of the loop, validation included
     train_tokens: int
     tokens_per_second: float  # train steps only
+
+
+@dataclass
+class LoopState:
+    """Everything a resumed run needs to continue exactly where the checkpoint was written."""
+    step: int = 0
+    epoch: int = 0
+    group: int = 0  # next accumulation group within the epoch
+    best_accuracy: float = -1.0
+    best_step: int = 0
+    evals_without_gain: int = 0
+    stopped_early: bool = False
+    train_tokens: int = 0
+    train_seconds: float = 0.0
+    log_lines: int = 0  # train_log.jsonl lines covered by this state
+    best_state: dict = field(default_factory=dict)
 
 
 def memory_mb(device: torch.device) -> float:
@@ -53,9 +72,9 @@ def make_optimizer(params, config: Config) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
-def plan_steps(num_examples: int, config: Config) -> tuple[int, int]:
+def plan_steps(num_examples: int, config: Config, world: int = 1) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps)."""
-    batches = math.ceil(num_examples / config.batch_size)
+    batches = math.ceil(num_examples / (config.batch_size * world))
     per_epoch = math.ceil(batches / config.gradient_accumulation)
     total = per_epoch * config.epochs
     return per_epoch, min(total, config.max_steps) if config.max_steps else total
@@ -65,30 +84,69 @@ class Trainer:
     def __init__(self, model, tokenizer, dataset: Dataset, config: Config, runtime, run: Path, log=print):
         self.model, self.tokenizer, self.dataset = model, tokenizer, dataset
         self.config, self.runtime, self.run, self.log = config, runtime, run, log
+        self.world, self.rank = distributed.world_size(), distributed.rank()
         self.pad_id = tokenizer.pad_token_id
-        self.train_ids = self._encode(dataset.train.texts)
-        self.validation_ids = self._encode(dataset.validation.texts)
+        self.train_ids = encode(tokenizer, dataset.train.texts, config.max_length)
+        self.validation_ids = encode(tokenizer, dataset.validation.texts, config.max_length)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
-        self.steps_per_epoch, self.total_steps = plan_steps(len(dataset.train), config)
+        self.steps_per_epoch, self.total_steps = plan_steps(len(dataset.train), config, self.world)
         self.scheduler = get_scheduler(config.scheduler if config.scheduler != "constant" else "constant_with_warmup",
                                        self.optimizer, num_warmup_steps=config.warmup_steps,
                                        num_training_steps=self.total_steps)
-        self.best_accuracy, self.best_step, self.best_state = -1.0, 0, None
-        self.evals_without_gain = 0
+        self.state = LoopState()
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        return encode(self.tokenizer, texts, self.config.max_length)
+    # --- checkpoints ------------------------------------------------------------------------------
 
-    def _micro_batches(self, epoch: int) -> list[list[int]]:
+    def save_checkpoint(self) -> None:
+        payload = {"loop": self.state.__dict__, "optimizer": self.optimizer.state_dict(),
+                   "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
+                   "trainable": {n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad}}
+        target = self.run / CHECKPOINT
+        tmp = target.with_name(target.name + ".tmp")
+        torch.save(payload, tmp)
+        tmp.replace(target)
+
+    def load_checkpoint(self) -> None:
+        path = self.run / CHECKPOINT
+        if not path.is_file():
+            raise LoraclsError(f"{self.run} has no {CHECKPOINT} to resume from")
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        self.state = LoopState(**payload["loop"])
+        named = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in payload["trainable"].items():
+                named[name].copy_(value)
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        torch.set_rng_state(payload["rng"])
+        if distributed.is_main():
+            rundir.truncate_lines(self.run / rundir.TRAIN_LOG, self.state.log_lines)
+        self.log(f"resume: from step {self.state.step} (epoch {self.state.epoch}), "
+                 f"best validation accuracy {self.state.best_accuracy:.4f} at step {self.state.best_step}")
+
+    def _log_line(self, record: dict) -> None:
+        if distributed.is_main():
+            rundir.append_jsonl(self.run / rundir.TRAIN_LOG, record)
+        self.state.log_lines += 1
+
+    # --- one optimizer step -----------------------------------------------------------------------
+
+    def _global_batches(self, epoch: int) -> list[list[int]]:
         lengths = [len(x) for x in self.train_ids]
-        return length_grouped_batches(lengths, self.config.batch_size, self.config.seed + epoch)
+        return length_grouped_batches(lengths, self.config.batch_size * self.world, self.config.seed + epoch)
 
     def _accumulate(self, group: list[list[int]]) -> tuple[float, int]:
-        """Forward/backward over one accumulation group; loss weighted per example. Returns (loss, tokens)."""
+        """Forward/backward over this process's slice of one accumulation group; the loss is the mean over
+        the whole group (all processes), so summed gradients equal one big batch. Returns (loss, tokens)."""
         examples = sum(len(b) for b in group)
         total_loss, tokens = 0.0, 0
-        for indices in group:
+        for global_batch in group:
+            tokens += sum(len(self.train_ids[i]) for i in global_batch)
+            share = math.ceil(len(global_batch) / self.world)
+            indices = global_batch[self.rank * share:(self.rank + 1) * share]
+            if not indices:
+                continue
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
             labels = torch.tensor([self.dataset.train.labels[i] for i in indices], device=self.runtime.device)
             with self.runtime.autocast:
@@ -97,89 +155,108 @@ class Trainer:
             loss = F.cross_entropy(logits.float(), labels, reduction="sum") / examples
             loss.backward()
             total_loss += loss.item()
-            tokens += int(batch["attention_mask"].sum())
+        distributed.sum_gradients(self.params)
         return total_loss, tokens
 
-    def validate(self, step: int) -> float:
-        probs = predict_probabilities(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size, self.runtime)
-        labels = self.dataset.validation.labels
-        accuracy = float((probs.argmax(axis=1) == torch.tensor(labels).numpy()).mean())
-        rows = prediction_rows(self.dataset.validation.texts, labels, probs, self.dataset.id2label)
-        rundir.write_jsonl(self.run / rundir.PREDICTIONS / f"validation_step{step:05d}.jsonl", rows)
-        improved = accuracy > self.best_accuracy
-        if improved:
-            self.best_accuracy, self.best_step = accuracy, step
-            self.best_state = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
-            rundir.replace_dir(self.run / rundir.ADAPTER, self.model.save_pretrained)
-            self.evals_without_gain = 0
+    def _step(self, group: list[list[int]]) -> tuple[float, int]:
+        loss, tokens = self._accumulate(group)
+        if not math.isfinite(loss):
+            raise LoraclsError(f"loss is {loss} at step {self.state.step + 1}: training stopped "
+                               f"(best adapter so far kept in {self.run / rundir.ADAPTER}); lower learning_rate")
+        if self.config.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, tokens
+
+    # --- validation -------------------------------------------------------------------------------
+
+    def validate(self, step: int) -> None:
+        """Rank 0 scores the validation split, saves the best adapter and a checkpoint; all ranks learn the verdict."""
+        state = self.state
+        if distributed.is_main():
+            probs = predict_probabilities(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size, self.runtime)
+            labels = self.dataset.validation.labels
+            accuracy = float((probs.argmax(axis=1) == torch.tensor(labels).numpy()).mean())
+            rows = prediction_rows(self.dataset.validation.texts, labels, probs, self.dataset.id2label)
+            rundir.write_jsonl(self.run / rundir.PREDICTIONS / f"validation_step{step:05d}.jsonl", rows)
         else:
-            self.evals_without_gain += 1
-        rundir.append_jsonl(self.run / rundir.TRAIN_LOG, {"step": step, "validation_accuracy": accuracy,
-                                                          "best": self.best_accuracy, "improved": improved})
-        self.log(f"step {step}: validation accuracy {accuracy:.4f} (best {self.best_accuracy:.4f} at step {self.best_step})")
-        return accuracy
+            accuracy = 0.0
+        accuracy = distributed.broadcast_object(accuracy)
+        improved = accuracy > state.best_accuracy
+        if improved:
+            state.best_accuracy, state.best_step, state.evals_without_gain = accuracy, step, 0
+            state.best_state = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+            if distributed.is_main():
+                rundir.replace_dir(self.run / rundir.ADAPTER, self.model.save_pretrained)
+        else:
+            state.evals_without_gain += 1
+        self._log_line({"step": step, "validation_accuracy": accuracy, "best": state.best_accuracy, "improved": improved})
+        self.log(f"step {step}: validation accuracy {accuracy:.4f} (best {state.best_accuracy:.4f} at step {state.best_step})")
+        if self.config.patience is not None and state.evals_without_gain >= self.config.patience:
+            self.log(f"early stop: {self.config.patience} validations without improvement")
+            state.stopped_early = True
 
     def restore_best(self) -> None:
-        if self.best_state is not None:
-            named = dict(self.model.named_parameters())
-            with torch.no_grad():
-                for name, value in self.best_state.items():
-                    named[name].copy_(value)
+        named = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in self.state.best_state.items():
+                named[name].copy_(value)
+
+    # --- the loop ---------------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
-        config, device = self.config, self.runtime.device
+        config, state, device = self.config, self.state, self.runtime.device
         self.log(f"train: {len(self.dataset.train)} examples, {self.steps_per_epoch} optimizer steps/epoch, "
-                 f"{self.total_steps} steps (batch {config.batch_size} x accumulation {config.gradient_accumulation})")
+                 f"{self.total_steps} steps (batch {config.batch_size} x accumulation {config.gradient_accumulation}"
+                 + (f" x {self.world} processes)" if self.world > 1 else ")"))
         self.model.train()
-        step, evaluated_at, stopped_early = 0, -1, False
-        window_loss, window_tokens, window_steps, window_seconds = 0.0, 0, 0, 0.0
-        all_tokens, train_seconds, start = 0, 0.0, time.perf_counter()
-        progress = tqdm(total=self.total_steps, desc="train", unit="step", dynamic_ncols=True, mininterval=2.0)
-        epoch = 0
-        while step < self.total_steps and not stopped_early:
-            batches = self._micro_batches(epoch)
-            for g in range(0, len(batches), config.gradient_accumulation):
+        window = {"loss": 0.0, "tokens": 0, "steps": 0, "seconds": 0.0}
+        start = time.perf_counter()
+        progress = tqdm(total=self.total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
+                        mininterval=2.0, disable=not distributed.is_main())
+        while state.step < self.total_steps and not state.stopped_early:
+            batches = self._global_batches(state.epoch)
+            groups = [batches[g:g + config.gradient_accumulation] for g in range(0, len(batches), config.gradient_accumulation)]
+            while state.group < len(groups) and state.step < self.total_steps and not state.stopped_early:
                 step_start = time.perf_counter()
-                loss, tokens = self._accumulate(batches[g:g + config.gradient_accumulation])
-                if not math.isfinite(loss):
+                try:
+                    loss, tokens = self._step(groups[state.group])
+                except LoraclsError:
                     progress.close()
-                    raise LoraclsError(f"loss is {loss} at step {step + 1}: training stopped "
-                                       f"(best adapter so far kept in {self.run / rundir.ADAPTER}); lower learning_rate")
-                if config.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                step += 1
-                step_seconds = time.perf_counter() - step_start
-                train_seconds += step_seconds
-                window_seconds += step_seconds
-                window_loss, window_tokens, window_steps = window_loss + loss, window_tokens + tokens, window_steps + 1
-                all_tokens += tokens
+                    raise
+                state.group += 1
+                state.step += 1
+                seconds = time.perf_counter() - step_start
+                state.train_seconds += seconds
+                state.train_tokens += tokens
+                for key, value in (("loss", loss), ("tokens", tokens), ("steps", 1), ("seconds", seconds)):
+                    window[key] += value
                 progress.update(1)
-                if step % config.log_every == 0 or step == self.total_steps:
-                    record = {"step": step, "epoch": round(step / self.steps_per_epoch, 3),
-                              "loss": round(window_loss / window_steps, 5),
-                              "lr": self.scheduler.get_last_lr()[0], "memory_mb": round(memory_mb(device), 1),
-                              "tokens_per_second": round(window_tokens / max(window_seconds, 1e-9), 1)}
-                    rundir.append_jsonl(self.run / rundir.TRAIN_LOG, record)
-                    progress.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_second']:.0f}")
-                    self.log(f"step {step}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-                                   f"mem {record['memory_mb']:.0f}MB {record['tokens_per_second']:.0f} tok/s")
-                    window_loss, window_tokens, window_steps, window_seconds = 0.0, 0, 0, 0.0
-                if step % config.eval_every == 0 or step == self.total_steps:
-                    self.validate(step)
-                    evaluated_at = step
-                    if config.patience is not None and self.evals_without_gain >= config.patience:
-                        self.log(f"early stop: {config.patience} validations without improvement")
-                        stopped_early = True
-                if step >= self.total_steps or stopped_early:
-                    break
-            epoch += 1
+                if state.step % config.log_every == 0 or state.step == self.total_steps:
+                    self._log_window(window, device, progress)
+                if state.step % config.eval_every == 0 or state.step == self.total_steps:
+                    self.validate(state.step)
+                    if distributed.is_main():
+                        self.save_checkpoint()
+            if state.group >= len(groups):
+                state.epoch, state.group = state.epoch + 1, 0
         progress.close()
-        if evaluated_at != step:
-            self.validate(step)
-        seconds = time.perf_counter() - start
+        distributed.barrier()
         self.restore_best()
-        return TrainResult(step, self.best_step, self.best_accuracy, stopped_early, seconds, all_tokens,
-                           all_tokens / max(train_seconds, 1e-9))
+        return TrainResult(state.step, state.best_step, state.best_accuracy, state.stopped_early,
+                           time.perf_counter() - start, state.train_tokens,
+                           state.train_tokens / max(state.train_seconds, 1e-9))
+
+    def _log_window(self, window: dict, device, progress) -> None:
+        loss_total = distributed.sum_scalar(window["loss"])  # each process holds its slice's share
+        record = {"step": self.state.step, "epoch": round(self.state.step / self.steps_per_epoch, 3),
+                  "loss": round(loss_total / window["steps"], 5),
+                  "lr": self.scheduler.get_last_lr()[0], "memory_mb": round(memory_mb(device), 1),
+                  "tokens_per_second": round(window["tokens"] / max(window["seconds"], 1e-9), 1)}
+        self._log_line(record)
+        progress.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_second']:.0f}")
+        self.log(f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+                 f"mem {record['memory_mb']:.0f}MB {record['tokens_per_second']:.0f} tok/s")
+        window.update(loss=0.0, tokens=0, steps=0, seconds=0.0)
