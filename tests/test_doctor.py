@@ -81,3 +81,14 @@ def test_bitsandbytes_features_refused_on_cpu(tmp_path):
         with pytest.raises(LoraclsError, match="cannot work here: they need a CUDA or ROCm GPU"):
             train(config)
     assert not any(tmp_path.iterdir())
+
+
+def test_train_refuses_a_gpu_the_torch_build_cannot_run(monkeypatch):
+    from loracls import pipeline
+    from loracls.env import Runtime
+
+    facts = DeviceFacts("rocm", "AMD Radeon RX 6600", "gfx1032", ["gfx1030", "gfx1100"])
+    monkeypatch.setattr(pipeline, "gather_facts", lambda: facts)
+    with pytest.raises(LoraclsError, match="GPU arch: gfx1032 .*HSA_OVERRIDE_GFX_VERSION=10.3.0"):
+        pipeline.check_gpu_arch(Runtime(torch.device("cuda"), torch.bfloat16))
+    pipeline.check_gpu_arch(Runtime(torch.device("cpu"), torch.float32))

@@ -120,3 +120,26 @@ def test_classifier_class_refuses_unknown_types():
 
     with pytest.raises(LoraclsError, match="not a decoder"):
         classifier_class(ViTConfig())
+
+
+def test_cpu_offload_is_refused():
+    from types import SimpleNamespace
+
+    from loracls.model import check_no_offload
+
+    check_no_offload(SimpleNamespace(hf_device_map={"": 0}))
+    check_no_offload(SimpleNamespace())
+    with pytest.raises(LoraclsError, match="offloaded to CPU/disk.*6x slower than gradient accumulation"):
+        check_no_offload(SimpleNamespace(hf_device_map={"model.embed_tokens": 0, "model.layers.0": 0,
+                                                        "model.layers.1": "cpu", "score": "cpu"}))
+
+
+def test_hub_id_that_cannot_be_reached_is_one_line(monkeypatch):
+    from loracls.model import resolve_model_dir
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LoraclsError, match="not a local path and the hub is not reachable") as info:
+        resolve_model_dir("someone/some-model-that-is-not-cached", quiet)
+    assert "\n" not in str(info.value)
+    with pytest.raises(LoraclsError, match="model file not found"):
+        resolve_model_dir("/nowhere/model.gguf", quiet)

@@ -101,6 +101,35 @@ def cmd_baseline(args) -> None:
     print(json.dumps(result))
 
 
+def cmd_sweep(args) -> None:
+    from loracls.config import load_config
+    from loracls.pipeline import train
+    from loracls.sweep import parse_grid, run_sweep
+
+    grid = parse_grid(args.grid)
+    print(run_sweep(load_config(args.config, args.set), grid, train, log))
+
+
+def cmd_bench(args) -> None:
+    from loracls.bench import RECIPES, format_report, run_bench
+    from loracls.config import load_config
+
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown or not recipes:
+        raise LoraclsError(f"bench: unknown recipe(s) {unknown or recipes}; choose from {', '.join(RECIPES)}")
+    if args.steps < 1:
+        raise LoraclsError("bench: --steps must be >= 1")
+    report = run_bench(load_config(args.config, args.set), args.steps, recipes, args.full, log)
+    if args.out:
+        from pathlib import Path
+
+        from loracls import rundir
+
+        rundir.write_json(Path(args.out), report)
+    print(format_report(report))
+
+
 def cmd_report(args) -> None:
     from loracls.report import write_report
 
@@ -124,6 +153,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("sweep", help="train a grid of configs; one table (markdown + CSV) of the results")
+    p.add_argument("config", nargs="?")
+    p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="values to combine")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("bench", help="time our train step against the seed's recipe and HF Trainer + PEFT")
+    p.add_argument("config", nargs="?")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--steps", type=int, default=8, help="timed optimizer steps per recipe (after one warm-up step)")
+    p.add_argument("--recipes", default="loracls,seed,hf_trainer", help="comma-separated: loracls, seed, hf_trainer")
+    p.add_argument("--full", action="store_true", help="also run our whole default job (wall time, test accuracy)")
+    p.add_argument("--out", help="write the report as JSON here")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="one HTML page (and PNGs) for a finished run")
     p.add_argument("run")

@@ -46,6 +46,7 @@ class Config:
     weight_decay: float = 0.01
     batch_size: int = 16
     gradient_accumulation: int = 2
+    micro_batch_size: int | None = None  # examples per forward/backward; None: whole step on CPU, batch_size on GPU
     epochs: int = 3
     max_steps: int | None = None  # optimizer steps; None: epochs decide
     warmup_steps: int = 100
@@ -78,7 +79,7 @@ class Config:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise LoraclsError(f"config: {name} must be > 0, got {getattr(self, name)}")
-        for name in ["train_size", "max_steps", "threads"]:
+        for name in ["train_size", "max_steps", "threads", "micro_batch_size"]:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise LoraclsError(f"config: {name} must be > 0 or null, got {value}")

@@ -17,7 +17,7 @@ from loracls import distributed, rundir
 from loracls.config import Config, from_dict
 from loracls.data import Dataset, encode, format_counts, load_dataset, read_table
 from loracls.baseline import prompt_setup, run_baseline
-from loracls.doctor import require_bitsandbytes
+from loracls.doctor import FAIL, check_arch, gather_facts, require_bitsandbytes
 from loracls.env import backend_name, environment_record, precision_reason, setup_runtime
 from loracls.errors import LoraclsError
 from loracls.evaluate import classification_metrics, format_metrics, predict_probabilities, prediction_rows
@@ -34,6 +34,15 @@ def check_memory_savers(config: Config, runtime) -> None:
         require_bitsandbytes("optimizer adamw_8bit", backend)
     if config.quantization != "none":
         require_bitsandbytes(f"quantization {config.quantization} (QLoRA)", backend)
+
+
+def check_gpu_arch(runtime) -> None:
+    """A torch build without kernels for this GPU fails late and obscurely: refuse up front with the fix."""
+    if runtime.device.type != "cuda":
+        return
+    check = check_arch(gather_facts())
+    if check.status == FAIL:
+        raise LoraclsError(f"GPU arch: {check.detail}")
 
 
 def _quiet(*_args, **_kwargs) -> None:
@@ -64,6 +73,7 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     runtime = setup_runtime(config.device, config.precision, config.threads)
     runtime.device = distributed.local_device(runtime.device)
     check_memory_savers(config, runtime)
+    check_gpu_arch(runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
     if config.baseline:

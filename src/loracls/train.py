@@ -51,6 +51,7 @@ class LoopState:
     train_tokens: int = 0
     train_seconds: float = 0.0
     log_lines: int = 0  # train_log.jsonl lines covered by this state
+    window: dict = field(default_factory=lambda: {"loss": 0.0, "tokens": 0, "steps": 0, "seconds": 0.0})  # since last log
     best_state: dict = field(default_factory=dict)
 
 
@@ -72,10 +73,17 @@ def make_optimizer(params, config: Config) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
+def micro_batch_size(config: Config, device: torch.device) -> int:
+    """Examples per forward/backward. On CPU memory is plentiful and bigger matmuls run faster, so the
+    accumulation steps run as one micro-batch (same gradient: the loss is a mean over the whole step)."""
+    if config.micro_batch_size is not None:
+        return config.micro_batch_size
+    return config.batch_size * config.gradient_accumulation if device.type == "cpu" else config.batch_size
+
+
 def plan_steps(num_examples: int, config: Config, world: int = 1) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps)."""
-    batches = math.ceil(num_examples / (config.batch_size * world))
-    per_epoch = math.ceil(batches / config.gradient_accumulation)
+    per_epoch = math.ceil(num_examples / (config.batch_size * config.gradient_accumulation * world))
     total = per_epoch * config.epochs
     return per_epoch, min(total, config.max_steps) if config.max_steps else total
 
@@ -94,6 +102,7 @@ class Trainer:
         self.scheduler = get_scheduler(config.scheduler if config.scheduler != "constant" else "constant_with_warmup",
                                        self.optimizer, num_warmup_steps=config.warmup_steps,
                                        num_training_steps=self.total_steps)
+        self.micro_batch_size = micro_batch_size(config, runtime.device)
         self.state = LoopState()
 
     # --- checkpoints ------------------------------------------------------------------------------
@@ -132,33 +141,33 @@ class Trainer:
 
     # --- one optimizer step -----------------------------------------------------------------------
 
-    def _global_batches(self, epoch: int) -> list[list[int]]:
+    def _step_groups(self, epoch: int) -> list[list[int]]:
+        """One list of example indices per optimizer step (all processes together), grouped by length."""
         lengths = [len(x) for x in self.train_ids]
-        return length_grouped_batches(lengths, self.config.batch_size * self.world, self.config.seed + epoch)
+        size = self.config.batch_size * self.config.gradient_accumulation * self.world
+        return length_grouped_batches(lengths, size, self.config.seed + epoch)
 
-    def _accumulate(self, group: list[list[int]]) -> tuple[float, int]:
-        """Forward/backward over this process's slice of one accumulation group; the loss is the mean over
-        the whole group (all processes), so summed gradients equal one big batch. Returns (loss, tokens)."""
-        examples = sum(len(b) for b in group)
-        total_loss, tokens = 0.0, 0
-        for global_batch in group:
-            tokens += sum(len(self.train_ids[i]) for i in global_batch)
-            share = math.ceil(len(global_batch) / self.world)
-            indices = global_batch[self.rank * share:(self.rank + 1) * share]
-            if not indices:
-                continue
+    def _accumulate(self, group: list[int]) -> tuple[float, int]:
+        """Forward/backward over this process's slice of one optimizer step, in micro-batches; the loss is
+        the mean over the whole group (all processes), so summed gradients equal one big batch whatever the
+        micro-batch size or process count. Returns (loss, tokens of the whole group)."""
+        share = math.ceil(len(group) / self.world)
+        mine = group[self.rank * share:(self.rank + 1) * share]
+        total_loss = 0.0
+        for start in range(0, len(mine), self.micro_batch_size):
+            indices = mine[start:start + self.micro_batch_size]
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
             labels = torch.tensor([self.dataset.train.labels[i] for i in indices], device=self.runtime.device)
             with self.runtime.autocast:
                 logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
                                     attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
-            loss = F.cross_entropy(logits.float(), labels, reduction="sum") / examples
+            loss = F.cross_entropy(logits.float(), labels, reduction="sum") / len(group)
             loss.backward()
             total_loss += loss.item()
         distributed.sum_gradients(self.params)
-        return total_loss, tokens
+        return total_loss, sum(len(self.train_ids[i]) for i in group)
 
-    def _step(self, group: list[list[int]]) -> tuple[float, int]:
+    def _step(self, group: list[int]) -> tuple[float, int]:
         loss, tokens = self._accumulate(group)
         if not math.isfinite(loss):
             raise LoraclsError(f"loss is {loss} at step {self.state.step + 1}: training stopped "
@@ -210,15 +219,15 @@ class Trainer:
         config, state, device = self.config, self.state, self.runtime.device
         self.log(f"train: {len(self.dataset.train)} examples, {self.steps_per_epoch} optimizer steps/epoch, "
                  f"{self.total_steps} steps (batch {config.batch_size} x accumulation {config.gradient_accumulation}"
-                 + (f" x {self.world} processes)" if self.world > 1 else ")"))
+                 + (f" x {self.world} processes" if self.world > 1 else "")
+                 + f"; micro-batches of {self.micro_batch_size})")
         self.model.train()
-        window = {"loss": 0.0, "tokens": 0, "steps": 0, "seconds": 0.0}
+        window = state.window
         start = time.perf_counter()
         progress = tqdm(total=self.total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
                         mininterval=2.0, disable=not distributed.is_main())
         while state.step < self.total_steps and not state.stopped_early:
-            batches = self._global_batches(state.epoch)
-            groups = [batches[g:g + config.gradient_accumulation] for g in range(0, len(batches), config.gradient_accumulation)]
+            groups = self._step_groups(state.epoch)
             while state.group < len(groups) and state.step < self.total_steps and not state.stopped_early:
                 step_start = time.perf_counter()
                 try:

@@ -1,0 +1,250 @@
+"""`loracls bench`: our train step against (a) the seed's recipe (padding to max_length, fp32, plain
+PEFT loop, accumulation as separate passes) and (b) HF Trainer + PEFT with group_by_length, on the same
+model, data, seed and precision rules. Each recipe runs in its own process so peak memory is its own.
+
+Step mode (default) trains `--steps` optimizer steps per recipe on the same examples and reports train
+tokens/s (real tokens, padding not counted), seconds per step, peak memory, the ratios, the projected
+train time of the full job, and the share of the CPU's FMA peak (FLOPs ~ 4 x non-embedding parameters
+per trained token: forward + backward to the activations; frozen weights get no gradient).
+`--full` also runs whole jobs (train + test accuracy) for the recipes named in `--full-recipes`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from loracls import rundir
+from loracls.config import Config, from_dict
+from loracls.env import cpu_flags, cpu_model_name
+
+RECIPES = ("loracls", "seed", "hf_trainer")
+
+
+# --- hardware peak -----------------------------------------------------------------------------------
+
+
+def cpu_fma_peak_flops() -> float:
+    """fp32 FLOP/s: cores x clock x 2 FMA pipes x SIMD lanes x 2 (AVX-512 / AVX2 have 16 / 8 fp32 lanes)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            mhz = max(float(line.split(":")[1]) for line in fh if line.startswith("cpu MHz"))
+    except (OSError, ValueError):
+        mhz = 2000.0
+    lanes = 16 if "avx512f" in cpu_flags() else 8 if "avx2" in cpu_flags() else 4
+    return torch.get_num_threads() * mhz * 1e6 * 2 * lanes * 2
+
+
+def non_embedding_parameters(model) -> int:
+    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+
+
+# --- one recipe, in a worker process -------------------------------------------------------------------
+
+
+def _setup(config: Config):
+    from loracls.data import load_dataset
+    from loracls.env import setup_runtime
+    from loracls.lora import apply_lora
+    from loracls.model import load_classifier, resolve_model_dir
+
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    dataset = load_dataset(config)
+    torch.manual_seed(config.seed)
+    loaded = load_classifier(resolve_model_dir(config.model, lambda *a: None), dataset.id2label, log=lambda *a: None)
+    peft_model, _ = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules,
+                               lambda *a: None)
+    return runtime, dataset, loaded, peft_model.to(runtime.device)
+
+
+def _step_groups(config: Config, lengths: list[int], steps: int, grouped: bool) -> list[list[int]]:
+    from loracls.data import length_grouped_batches
+
+    size = config.batch_size * config.gradient_accumulation
+    if grouped:
+        return length_grouped_batches(lengths, size, config.seed)[1:steps + 2]  # skip the longest-first batch
+    import random
+
+    order = list(range(len(lengths)))
+    random.Random(config.seed).shuffle(order)
+    return [order[i * size:(i + 1) * size] for i in range(steps + 1)]
+
+
+def _timed_loop(config, runtime, peft_model, ids, labels, groups, micro: int, pad_to: int | None) -> dict:
+    """Plain loop over the groups; the first step is a warm-up and is not timed."""
+    import torch.nn.functional as F
+
+    from loracls.data import collate
+
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    peft_model.train()
+    seconds, tokens = 0.0, 0
+    for n, group in enumerate(groups):
+        start = time.perf_counter()
+        for s in range(0, len(group), micro):
+            chunk = group[s:s + micro]
+            batch = collate([ids[i] for i in chunk], peft_model.config.pad_token_id)
+            if pad_to is not None:  # the seed's recipe: every sequence padded to max_length
+                width = pad_to - batch["input_ids"].shape[1]
+                batch = {k: F.pad(v, (0, width), value=peft_model.config.pad_token_id if k == "input_ids" else 0)
+                         for k, v in batch.items()}
+            with runtime.autocast:
+                logits = peft_model(**{k: v.to(runtime.device) for k, v in batch.items()}).logits
+            target = torch.tensor([labels[i] for i in chunk], device=runtime.device)
+            (F.cross_entropy(logits.float(), target, reduction="sum") / len(group)).backward()
+        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if n > 0:
+            seconds += time.perf_counter() - start
+            tokens += sum(len(ids[i]) for i in group)
+    return {"seconds": seconds, "tokens": tokens, "steps": len(groups) - 1}
+
+
+def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -> dict:
+    """HF Trainer + PEFT, group_by_length, same batch / accumulation / lr / precision; timed by a callback."""
+    from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
+
+    examples = [{"input_ids": ids[i], "attention_mask": [1] * len(ids[i]), "labels": labels[i]}
+                for g in groups for i in g]
+    timing = {"seconds": 0.0, "steps": 0, "start": 0.0}
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            timing["start"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step > 1:  # the first step is a warm-up
+                timing["seconds"] += time.perf_counter() - timing["start"]
+                timing["steps"] += 1
+
+    args = TrainingArguments(
+        output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"), per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation, learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, max_steps=len(groups),
+        group_by_length=True, bf16=runtime.dtype == torch.bfloat16, fp16=runtime.dtype == torch.float16,
+        use_cpu=runtime.device.type == "cpu", report_to=[], save_strategy="no", logging_strategy="no",
+        dataloader_num_workers=0, seed=config.seed, disable_tqdm=True)
+    trainer = Trainer(model=peft_model, args=args, train_dataset=examples,
+                      data_collator=DataCollatorWithPadding(tokenizer), callbacks=[StepTimer()])
+    trainer.train()
+    mean_tokens = sum(len(x["input_ids"]) for x in examples) / len(examples)
+    tokens = timing["steps"] * config.batch_size * config.gradient_accumulation * mean_tokens
+    return {"seconds": timing["seconds"], "tokens": int(tokens), "steps": timing["steps"]}
+
+
+def run_recipe(recipe: str, config: Config, steps: int) -> dict:
+    """Worker: time `steps` optimizer steps of one recipe and return the numbers."""
+    from loracls.data import encode
+    from loracls.train import micro_batch_size
+
+    if recipe == "seed":
+        config = from_dict({"precision": "fp32"}, base=config)
+    runtime, dataset, loaded, peft_model = _setup(config)
+    ids = encode(loaded.tokenizer, dataset.train.texts, config.max_length)
+    lengths = [len(x) for x in ids]
+    groups = _step_groups(config, lengths, steps, grouped=recipe != "seed")
+    if recipe == "loracls":
+        timing = _timed_loop(config, runtime, peft_model, ids, dataset.train.labels, groups,
+                             micro_batch_size(config, runtime.device), None)
+    elif recipe == "seed":
+        timing = _timed_loop(config, runtime, peft_model, ids, dataset.train.labels, groups, config.batch_size,
+                             config.max_length)
+    else:
+        timing = _trainer_loop(config, runtime, peft_model, loaded.tokenizer, ids, dataset.train.labels, groups)
+    per_token = 4 * non_embedding_parameters(loaded.model)
+    tokens_per_second = timing["tokens"] / max(timing["seconds"], 1e-9)
+    result = {"recipe": recipe, "precision": str(runtime.dtype).replace("torch.", ""), **timing,
+              "tokens_per_second": round(tokens_per_second, 1),
+              "seconds_per_step": round(timing["seconds"] / max(timing["steps"], 1), 3),
+              "flops_per_token": per_token, "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2)}
+    import resource
+
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    if runtime.device.type == "cpu":
+        result["fma_peak_share"] = round(tokens_per_second * per_token / cpu_fma_peak_flops(), 3)
+    else:
+        result["gpu_peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return result
+
+
+# --- the parent: run each recipe in its own process ---------------------------------------------------
+
+
+def _worker(recipe: str, config: Config, steps: int, log) -> dict:
+    log(f"bench: {recipe} ({steps} timed steps) ...")
+    command = [sys.executable, "-m", "loracls.bench", recipe, str(steps), json.dumps(config.to_dict())]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+        raise RuntimeError(f"bench worker {recipe} failed: {last}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=print) -> dict:
+    from loracls.data import load_dataset
+    from loracls.train import plan_steps
+
+    results = {recipe: _worker(recipe, config, steps, log) for recipe in recipes}
+    _, total_steps = plan_steps(len(load_dataset(config).train), config)
+    for result in results.values():
+        result["projected_train_minutes"] = round(total_steps * result["seconds_per_step"] / 60, 1)
+    report = {"config": {k: getattr(config, k) for k in ("model", "data", "train_size", "batch_size",
+                                                         "gradient_accumulation", "epochs", "max_length")},
+              "cpu": cpu_model_name(), "threads": torch.get_num_threads(), "steps": steps, "recipes": results}
+    ours = results.get("loracls")
+    if ours:
+        report["ratios"] = {f"loracls_vs_{name}": round(ours["tokens_per_second"] / r["tokens_per_second"], 2)
+                            for name, r in results.items() if name != "loracls"}
+    if full:
+        report["full"] = {"loracls": run_full(config, log)}
+    return report
+
+
+def run_full(config: Config, log) -> dict:
+    """Our whole job (the real `train`): wall time and test accuracy. The other recipes' full train time is
+    projected from their step time (the seed's padded fp32 recipe takes hours on a CPU)."""
+    from loracls.pipeline import train
+
+    started = time.perf_counter()
+    run = train(from_dict({"run_name": f"bench-full-{time.strftime('%H%M%S')}"}, base=config), log)
+    metrics = rundir.read_json(Path(run) / rundir.METRICS)
+    return {"wall_seconds": round(time.perf_counter() - started, 1), "test_accuracy": metrics["test"]["accuracy"],
+            "run": str(run)}
+
+
+def format_report(report: dict) -> str:
+    lines = [f"bench on {report['cpu']} ({report['threads']} threads), {report['steps']} timed steps per recipe",
+             f"{'recipe':<12} {'precision':<9} {'tokens/s':>9} {'s/step':>7} {'peak MB':>8} {'FMA peak':>8} {'full train (proj.)':>18}"]
+    for name, r in report["recipes"].items():
+        share = f"{100 * r['fma_peak_share']:.0f}%" if "fma_peak_share" in r else "-"
+        lines.append(f"{name:<12} {r['precision']:<9} {r['tokens_per_second']:>9.1f} {r['seconds_per_step']:>7.2f} "
+                     f"{r.get('gpu_peak_memory_mb', r['peak_rss_mb']):>8.0f} {share:>8} {r['projected_train_minutes']:>14.1f} min")
+    for name, ratio in report.get("ratios", {}).items():
+        lines.append(f"{name}: {ratio:.2f}x")
+    for name, r in report.get("full", {}).items():
+        lines.append(f"full job {name}: {r['wall_seconds'] / 60:.1f} min, test accuracy {r['test_accuracy']:.4f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # worker entry: python -m loracls.bench RECIPE STEPS CONFIG_JSON
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    name, count, raw = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    print(json.dumps(run_recipe(name, from_dict(json.loads(raw)), count)))

@@ -1,0 +1,108 @@
+"""`loracls sweep CONFIG --grid key=v1,v2 ...`: train every combination, one table of the results.
+
+Alternatives are separated by commas; a bracketed YAML list is one alternative:
+`--grid r=8,16,32 "target_modules=[q_proj,v_proj],[q_proj,k_proj,v_proj,o_proj]" train_size=1200,5000`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import time
+from pathlib import Path
+
+import yaml
+
+from loracls import rundir
+from loracls.config import FIELDS, Config, from_dict
+from loracls.errors import LoraclsError
+
+COLUMNS = ["run", "validation_accuracy", "test_accuracy", "test_macro_f1", "zero_shot_accuracy", "train_tokens_per_second",
+           "seconds"]
+
+
+def split_alternatives(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_grid(items: list[str]) -> dict[str, list]:
+    grid = {}
+    for item in items:
+        if "=" not in item:
+            raise LoraclsError(f"--grid expects key=v1,v2,..., got {item!r}")
+        key, values = item.split("=", 1)
+        key = key.strip()
+        if key not in FIELDS:
+            from_dict({key: None})  # raises the unknown-key error with the nearest name
+        if key in grid:
+            raise LoraclsError(f"--grid names {key!r} twice")
+        grid[key] = [yaml.safe_load(v) for v in split_alternatives(values)]
+        if not grid[key]:
+            raise LoraclsError(f"--grid {key} has no values")
+    return grid
+
+
+def _label(value) -> str:
+    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def combinations(base: Config, grid: dict[str, list]) -> list[tuple[str, Config]]:
+    """(run name, config) per grid point; every config is validated before anything runs."""
+    out = []
+    keys = list(grid)
+    for values in itertools.product(*(grid[k] for k in keys)):
+        name = "-".join(f"{k}={_label(v)}" for k, v in zip(keys, values)).replace("/", "_")
+        out.append((name, from_dict(dict(zip(keys, values)), base=base)))
+    return out
+
+
+def _row(name: str, run: Path, seconds: float) -> dict:
+    metrics = rundir.read_json(run / rundir.METRICS)
+    return {"run": name, "validation_accuracy": round(metrics["validation"]["best_accuracy"], 4),
+            "test_accuracy": round(metrics["test"]["accuracy"], 4), "test_macro_f1": round(metrics["test"]["macro_f1"], 4),
+            "zero_shot_accuracy": (metrics.get("baseline") or {}).get("zero_shot_accuracy"),
+            "train_tokens_per_second": metrics["train"]["tokens_per_second"], "seconds": round(seconds, 1)}
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run_sweep(base: Config, grid: dict[str, list], train, log=print) -> Path:
+    points = combinations(base, grid)
+    sweep_dir = Path(base.output_dir) / (base.run_name or time.strftime("sweep-%Y%m%d-%H%M%S"))
+    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise LoraclsError(f"sweep directory {sweep_dir} already exists and is not empty")
+    log(f"sweep: {len(points)} runs in {sweep_dir}")
+    rows = []
+    for i, (name, config) in enumerate(points, 1):
+        log(f"sweep: run {i}/{len(points)}: {name}")
+        started = time.perf_counter()
+        run = train(from_dict({"output_dir": str(sweep_dir), "run_name": name}, base=config), log)
+        rows.append(_row(name, run, time.perf_counter() - started))
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+        rundir.write_text(sweep_dir / "results.csv", buffer.getvalue())  # rewritten after every run
+        rundir.write_text(sweep_dir / "results.md", markdown_table(rows))
+    rundir.write_json(sweep_dir / "grid.json", grid)
+    log("\n" + markdown_table(rows))
+    return sweep_dir
+

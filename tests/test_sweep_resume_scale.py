@@ -1,0 +1,118 @@
+"""Sweeps, resume after kill -9, NaN stop, and 2-process data parallelism (gloo) on tiny decoders."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_overrides
+from loracls.cli import main
+from loracls.errors import LoraclsError
+from loracls.sweep import parse_grid, split_alternatives
+
+
+def test_grid_parsing():
+    assert split_alternatives("[q_proj,v_proj],[q_proj,k_proj]") == ["[q_proj,v_proj]", "[q_proj,k_proj]"]
+    grid = parse_grid(["r=8,16,32", "target_modules=[q_proj,v_proj],[o_proj]", "train_size=1200,5000"])
+    assert grid == {"r": [8, 16, 32], "target_modules": [["q_proj", "v_proj"], ["o_proj"]], "train_size": [1200, 5000]}
+    with pytest.raises(LoraclsError, match="did you mean 'r'"):
+        parse_grid(["rr=8"])
+
+
+def test_sweep_table(gemma3_dir, data_csv, tmp_path, capsys):
+    args = ["sweep", "--grid", "r=2,4", "target_modules=[q_proj,v_proj],[o_proj]",
+            *tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=2, baseline=False, merge=False, run_name="grid")]
+    assert main(args) == 0
+    sweep = tmp_path / "grid"
+    rows = (sweep / "results.csv").read_text().splitlines()
+    assert len(rows) == 5 and rows[0].startswith("run,validation_accuracy,test_accuracy")
+    table = (sweep / "results.md").read_text()
+    assert "r=4-target_modules=o_proj" in table and table.count("\n") == 6
+    metrics = json.loads((sweep / "r=2-target_modules=q_proj+v_proj" / "metrics.json").read_text())
+    assert metrics["model"]["lora_modules"] == 4
+    config = (sweep / "r=4-target_modules=o_proj" / "config.yaml").read_text()
+    assert "r: 4" in config and "- o_proj" in config
+
+
+def _train_cmd(args):
+    return [sys.executable, "-m", "loracls", "train", *args]
+
+
+def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tmp_path):
+    common = dict(epochs=12, eval_every=15, baseline=False, lora_dropout=0.1, threads=1)
+    straight = tmp_path / "straight"
+    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, straight, **common)]) == 0
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_train_cmd(tiny_overrides(gemma3_dir, data_csv, killed, **common)),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = killed / "run" / "train_log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if sum('"validation_accuracy"' in line for line in lines) >= 2 and (killed / "run" / "checkpoint.pt").exists():
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "run" / "metrics.json").exists()
+
+    assert main(["train", "--resume", str(killed / "run")]) == 0
+    a = json.loads((straight / "run" / "metrics.json").read_text())
+    b = json.loads((killed / "run" / "metrics.json").read_text())
+    assert a["test"] == b["test"] and a["validation"] == b["validation"] and a["train"]["steps"] == b["train"]["steps"]
+    assert a["export"]["predictions_equal"] and b["export"]["predictions_equal"]
+    straight_log = [json.loads(x) for x in (straight / "run" / "train_log.jsonl").read_text().splitlines()]
+    resumed_log = [json.loads(x) for x in (killed / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in straight_log] == \
+           [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in resumed_log]
+    assert main(["train", "--resume", str(killed / "run")]) == 2  # finished: nothing to resume
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(gemma3_dir, data_csv, tmp_path, monkeypatch, capsys):
+    import loracls.train as train_module
+
+    real = train_module.F.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] > 50 else loss
+
+    monkeypatch.setattr(train_module.F, "cross_entropy", poisoned)
+    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, baseline=False)
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "loracls: loss is nan at step 26" in err
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv, tmp_path):
+    common = dict(epochs=2, baseline=False, lora_dropout=0.0, eval_every=5, threads=1, merge=False)
+    single = tmp_path / "single"
+    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, single, batch_size=8, **common)]) == 0
+    double = tmp_path / "double"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+               "-m", "loracls", "train", *tiny_overrides(gemma3_dir, data_csv, double, batch_size=4, **common)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    a = json.loads((single / "run" / "metrics.json").read_text())
+    b = json.loads((double / "run" / "metrics.json").read_text())
+    assert a["train"]["steps"] == b["train"]["steps"] == 30
+    assert a["test"]["accuracy"] == b["test"]["accuracy"]
+    assert a["validation"] == b["validation"]
+    wa = load_file(single / "run" / "adapter" / "adapter_model.safetensors")
+    wb = load_file(double / "run" / "adapter" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.allclose(wa[key], wb[key], atol=1e-5), key
