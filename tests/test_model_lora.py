@@ -143,3 +143,10 @@ def test_hub_id_that_cannot_be_reached_is_one_line(monkeypatch):
     assert "\n" not in str(info.value)
     with pytest.raises(LoraclsError, match="model file not found"):
         resolve_model_dir("/nowhere/model.gguf", quiet)
+
+
+def test_new_head_starts_at_zero_uniform_predictions(gemma3_dir):
+    loaded = load_classifier(gemma3_dir, {0: "a", 1: "b", 2: "c"}, log=quiet)
+    assert torch.count_nonzero(loaded.model.score.weight) == 0
+    probs = torch.softmax(loaded.model(input_ids=torch.tensor([[2, 5, 6]])).logits, -1)
+    assert torch.allclose(probs, torch.full((1, 3), 1 / 3))

@@ -89,6 +89,7 @@ def test_early_stopping(gemma3_dir, data_csv, tmp_path):
                           merge=False, epochs=2)
     assert main(["train", *args]) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["train"]["stopped_early"] and metrics["train"]["steps"] == 6
-    assert metrics["validation"]["best_step"] == 2
+    # stopped `patience` validations (every 2 steps) after the best one, well before the planned 30 steps
+    assert metrics["train"]["stopped_early"]
+    assert metrics["train"]["steps"] == metrics["validation"]["best_step"] + 2 * 2 < 30
     assert not (tmp_path / "run" / "merged").exists()

