@@ -66,3 +66,11 @@ def test_example_config_loads():
 
     config = load_config(str(Path(__file__).parent.parent / "configs" / "example.yaml"))
     assert config.labels == ["negative", "positive"] and config.text_column == "review"
+
+
+def test_text_values_stay_text():
+    config = load_config(None, ["input_template=Review: {text}\nSentiment:", "prompt_template=null", "run_name=123"])
+    assert config.input_template == "Review: {text}\nSentiment:" and config.prompt_template is None
+    assert config.run_name == "123"
+    with pytest.raises(LoraclsError, match="must contain {text}"):
+        load_config(None, ["input_template=no slot"])

@@ -1,4 +1,3 @@
-import pandas as pd
 import pytest
 import torch
 
@@ -108,3 +107,16 @@ def test_collate_pads_to_the_longest_in_the_batch():
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["input_ids"].dtype == torch.long
+
+
+def test_input_template_wraps_and_truncates_only_the_text():
+    from conftest import make_tokenizer
+    from loracls.data import encode
+
+    tokenizer = make_tokenizer()
+    plain = encode(tokenizer, ["good film"], 32)[0]
+    wrapped = encode(tokenizer, ["good film"], 32, "the {text} was")[0]
+    assert wrapped == tokenizer("the good film was")["input_ids"] and len(wrapped) == len(plain) + 2
+    long_text = " ".join(["film"] * 100)
+    ids = encode(tokenizer, [long_text], 16, "{text} was")[0]
+    assert len(ids) <= 16 and ids[-1] == tokenizer.convert_tokens_to_ids("was")

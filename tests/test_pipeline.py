@@ -93,3 +93,16 @@ def test_early_stopping(gemma3_dir, data_csv, tmp_path):
     assert metrics["train"]["stopped_early"]
     assert metrics["train"]["steps"] == metrics["validation"]["best_step"] + 2 * 2 < 30
     assert not (tmp_path / "run" / "merged").exists()
+
+
+def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, capsys):
+    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=3, baseline=False, input_template="the {text} was")
+    assert main(["train", *args]) == 0
+    run = tmp_path / "run"
+    assert json.loads((run / "merged" / "loracls_input.json").read_text()) == {"input_template": "the {text} was"}
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["export"]["predictions_equal"]
+    row = read_jsonl(run / "predictions" / "test.jsonl")[0]
+    capsys.readouterr()
+    assert main(["predict", str(run), "--text", row["text"]]) == 0
+    assert json.loads(capsys.readouterr().out)["prediction"] == row["prediction"]

@@ -149,7 +149,7 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     if recipe == "seed":
         config = from_dict({"precision": "fp32"}, base=config)
     runtime, dataset, loaded, peft_model = _setup(config)
-    ids = encode(loaded.tokenizer, dataset.train.texts, config.max_length)
+    ids = encode(loaded.tokenizer, dataset.train.texts, config.max_length, config.input_template)
     lengths = [len(x) for x in ids]
     groups = _step_groups(config, lengths, steps, grouped=recipe != "seed")
     if recipe == "loracls":

@@ -33,6 +33,7 @@ class Config:
     test_size: int = 1200
     balance: bool = True  # equal examples per class in made splits
     max_length: int = 256
+    input_template: str | None = None  # e.g. "Review: {text}\nSentiment:"; the classifier reads its last token
     seed: int = 42
     # --- model ---
     model: str = EMBEDDED_MODEL  # HF directory, hub id, .gguf file, or the embedded Gemma 3 270M
@@ -99,6 +100,8 @@ class Config:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if not self.target_modules:
             raise LoraclsError("config: target_modules is empty")
+        if self.input_template is not None and "{text}" not in self.input_template:
+            raise LoraclsError("config: input_template must contain {text}")
         if self.labels is not None and len(set(self.labels)) != len(self.labels):
             raise LoraclsError("config: labels has duplicates")
         return self
@@ -116,16 +119,20 @@ def _nearest(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _base_type(hint):
+    """`int | None` -> int; other hints unchanged."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if type(None) in typing.get_args(hint) and len(args) == 1 else hint
+
+
 def _coerce(key: str, value):
     """Check `value` against the declared type of `key`; ints are accepted where floats are."""
     hint = _TYPES[key]
-    args = typing.get_args(hint)
-    optional = type(None) in args
     if value is None:
-        if optional:
+        if type(None) in typing.get_args(hint):
             return None
         raise LoraclsError(f"config: {key} cannot be null")
-    base = next((a for a in args if a is not type(None)), hint) if args and optional else hint
+    base = _base_type(hint)
     origin = typing.get_origin(base)
     if origin is dict:
         if not isinstance(value, dict):
@@ -164,10 +171,14 @@ def parse_overrides(pairs: list[str]) -> dict:
         if "=" not in pair:
             raise LoraclsError(f"--set expects key=value, got {pair!r}")
         key, raw = pair.split("=", 1)
+        key = key.strip()
+        if key in _TYPES and _base_type(_TYPES[key]) is str:  # text keys keep their text (`a: {text}` is no mapping)
+            out[key] = None if raw.strip() in ("null", "~") else raw
+            continue
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+            out[key] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
-            out[key.strip()] = raw
+            out[key] = raw
     return out
 
 

@@ -199,8 +199,18 @@ def format_counts(dataset: Dataset) -> str:
 # --- tokenization and batching -------------------------------------------------------------------
 
 
-def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch)."""
+def encode(tokenizer, texts: list[str], max_length: int, template: str | None = None) -> list[list[int]]:
+    """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch).
+
+    With a template (`"Movie review: {text}\nSentiment:"`) the text is placed inside it; when too long the
+    text is shortened, never the template, so the pooled last token stays the template's last token.
+    """
+    if template is not None:
+        overhead = len(tokenizer(template.replace("{text}", ""))["input_ids"]) + 2
+        budget = max(max_length - overhead, 1)
+        pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        texts = [template.replace("{text}", t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
+                 for t, ids in zip(texts, pieces)]
     out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
     return [list(ids) for ids in out]
 

@@ -14,7 +14,8 @@ from loracls.errors import LoraclsError
 from loracls.evaluate import predict_probabilities
 from loracls.model import is_generic, load_classifier, load_standalone, write_generic_module
 
-TIE_MARGIN = 1e-3  # predictions may differ only where the adapter's top two classes are this close
+TIE_MARGIN = 1e-3
+INPUT_FORMAT = "loracls_input.json"  # predictions may differ only where the adapter's top two classes are this close
 
 
 def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> dict:
@@ -28,7 +29,7 @@ def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> 
 
 
 def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], batch_size: int,
-                  runtime, log=print) -> dict:
+                  runtime, log=print, input_template: str | None = None) -> dict:
     """Saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged -> same predictions.
 
     Starting from the saved adapter also proves the adapter directory is complete, and works the same
@@ -48,6 +49,8 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         loaded.tokenizer.save_pretrained(staging)
         if generic:
             write_generic_module(staging, type(merged))
+        if input_template is not None:  # callers must format their texts the same way
+            rundir.write_json(staging / INPUT_FORMAT, {"input_template": input_template})
 
     rundir.replace_dir(run / rundir.MERGED, fill)
     standalone = load_standalone(run / rundir.MERGED).to(runtime.device)

@@ -110,7 +110,7 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s; "
         f"best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
 
-    test_ids = encode(loaded.tokenizer, dataset.test.texts, config.max_length)
+    test_ids = encode(loaded.tokenizer, dataset.test.texts, config.max_length, config.input_template)
     probs = predict_probabilities(peft_model, test_ids, loaded.tokenizer.pad_token_id, config.eval_batch_size, runtime)
     test_metrics = classification_metrics(dataset.test.labels, probs, dataset.id2label)
     rundir.write_jsonl(run / rundir.PREDICTIONS / "test.jsonl",
@@ -121,7 +121,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
 
     export_check = None
     if config.merge:
-        export_check = export_merged(run, model_dir, dataset.id2label, test_ids, config.eval_batch_size, runtime, log)
+        export_check = export_merged(run, model_dir, dataset.id2label, test_ids, config.eval_batch_size, runtime, log,
+                                     config.input_template)
     metrics = {
         "test": test_metrics,
         "baseline": None if baseline is None else {"zero_shot_accuracy": baseline["zero_shot"]["accuracy"],
@@ -172,7 +173,7 @@ class LoadedRun:
         self.model.eval()
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
-        ids = encode(self.tokenizer, texts, self.config.max_length)
+        ids = encode(self.tokenizer, texts, self.config.max_length, self.config.input_template)
         return predict_probabilities(self.model, ids, self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime)
 
 

@@ -94,8 +94,8 @@ class Trainer:
         self.config, self.runtime, self.run, self.log = config, runtime, run, log
         self.world, self.rank = distributed.world_size(), distributed.rank()
         self.pad_id = tokenizer.pad_token_id
-        self.train_ids = encode(tokenizer, dataset.train.texts, config.max_length)
-        self.validation_ids = encode(tokenizer, dataset.validation.texts, config.max_length)
+        self.train_ids = encode(tokenizer, dataset.train.texts, config.max_length, config.input_template)
+        self.validation_ids = encode(tokenizer, dataset.validation.texts, config.max_length, config.input_template)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
         self.steps_per_epoch, self.total_steps = plan_steps(len(dataset.train), config, self.world)
