@@ -130,7 +130,7 @@ def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -
         output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"), per_device_train_batch_size=config.batch_size,
         gradient_accumulation_steps=config.gradient_accumulation, learning_rate=config.learning_rate,
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, max_steps=len(groups),
-        group_by_length=True, bf16=runtime.dtype == torch.bfloat16, fp16=runtime.dtype == torch.float16,
+        **_group_by_length(TrainingArguments), bf16=runtime.dtype == torch.bfloat16, fp16=runtime.dtype == torch.float16,
         use_cpu=runtime.device.type == "cpu", report_to=[], save_strategy="no", logging_strategy="no",
         dataloader_num_workers=0, seed=config.seed, disable_tqdm=True)
     trainer = Trainer(model=peft_model, args=args, train_dataset=examples,
@@ -139,6 +139,14 @@ def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -
     mean_tokens = sum(len(x["input_ids"]) for x in examples) / len(examples)
     tokens = timing["steps"] * config.batch_size * config.gradient_accumulation * mean_tokens
     return {"seconds": timing["seconds"], "tokens": int(tokens), "steps": timing["steps"]}
+
+
+def _group_by_length(arguments_class) -> dict:
+    """transformers 5 spells it train_sampling_strategy="group_by_length"; 4.x had group_by_length=True."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(arguments_class)}
+    return {"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in names else {"group_by_length": True}
 
 
 def run_recipe(recipe: str, config: Config, steps: int) -> dict:
