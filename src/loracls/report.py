@@ -77,7 +77,10 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def _fmt(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    """Rates and fractions with 4 decimals, larger numbers (tokens/s, seconds) with one."""
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) <= 1 else f"{value:.1f}"
+    return str(value)
 
 
 def write_report(run_path: str) -> Path:
