@@ -10,7 +10,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from torch import nn
 
@@ -118,6 +117,3 @@ def check_head_trainable(peft_model: nn.Module, head: str) -> None:
         raise LoraclsError(f"the classification head {head!r} is frozen: it would stay random; "
                            f"it must be in modules_to_save")
 
-
-def trainable_state(peft_model: PeftModel) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in peft_model.named_parameters() if p.requires_grad}
