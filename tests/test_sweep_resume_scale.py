@@ -73,6 +73,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tm
     resumed_log = [json.loads(x) for x in (killed / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in straight_log] == \
            [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in resumed_log]
+    assert not (killed / "run" / "checkpoint.pt").exists()
     assert main(["train", "--resume", str(killed / "run")]) == 2  # finished: nothing to resume
 
 
