@@ -23,6 +23,8 @@ def test_grid_parsing():
     assert grid == {"r": [8, 16, 32], "target_modules": [["q_proj", "v_proj"], ["o_proj"]], "train_size": [1200, 5000]}
     with pytest.raises(LoraclsError, match="did you mean 'r'"):
         parse_grid(["rr=8"])
+    assert parse_grid(["input_template=Review: {text} Label:,{text} =>"]) == \
+        {"input_template": ["Review: {text} Label:", "{text} =>"]}
 
 
 def test_sweep_table(gemma3_dir, data_csv, tmp_path, capsys):

@@ -164,21 +164,24 @@ def _coerce(key: str, value):
     raise LoraclsError(f"config: {key} must be {getattr(base, '__name__', base)}, got {value!r}")
 
 
+def parse_value(key: str, raw: str):
+    """One command-line value: YAML scalars (`8`, `2e-4`, `null`, `[a, b]`); text keys keep their text."""
+    if key in _TYPES and _base_type(_TYPES[key]) is str:  # `Review: {text}` is no mapping
+        return None if raw.strip() in ("null", "~") else raw
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        return raw
+
+
 def parse_overrides(pairs: list[str]) -> dict:
-    """`key=value` strings -> dict; values are read as YAML scalars (`8`, `2e-4`, `null`, `[a, b]`)."""
+    """`key=value` strings -> dict of parsed values."""
     out = {}
     for pair in pairs:
         if "=" not in pair:
             raise LoraclsError(f"--set expects key=value, got {pair!r}")
         key, raw = pair.split("=", 1)
-        key = key.strip()
-        if key in _TYPES and _base_type(_TYPES[key]) is str:  # text keys keep their text (`a: {text}` is no mapping)
-            out[key] = None if raw.strip() in ("null", "~") else raw
-            continue
-        try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            out[key] = raw
+        out[key.strip()] = parse_value(key.strip(), raw)
     return out
 
 

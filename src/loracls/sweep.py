@@ -12,10 +12,8 @@ import itertools
 import time
 from pathlib import Path
 
-import yaml
-
 from loracls import rundir
-from loracls.config import FIELDS, Config, from_dict
+from loracls.config import FIELDS, Config, from_dict, parse_value
 from loracls.errors import LoraclsError
 
 COLUMNS = ["run", "validation_accuracy", "test_accuracy", "test_macro_f1", "zero_shot_accuracy", "train_tokens_per_second",
@@ -50,7 +48,7 @@ def parse_grid(items: list[str]) -> dict[str, list]:
             from_dict({key: None})  # raises the unknown-key error with the nearest name
         if key in grid:
             raise LoraclsError(f"--grid names {key!r} twice")
-        grid[key] = [yaml.safe_load(v) for v in split_alternatives(values)]
+        grid[key] = [parse_value(key, v) for v in split_alternatives(values)]
         if not grid[key]:
             raise LoraclsError(f"--grid {key} has no values")
     return grid
