@@ -77,8 +77,28 @@ def _step_groups(config: Config, lengths: list[int], steps: int, grouped: bool) 
     return [order[i * size:(i + 1) * size] for i in range(steps + 1)]
 
 
-def _timed_loop(config, runtime, peft_model, ids, labels, groups, micro: int, pad_to: int | None) -> dict:
-    """Plain loop over the groups; the first step is a warm-up and is not timed."""
+def _our_loop(config, runtime, peft_model, tokenizer, dataset, groups) -> dict:
+    """Our real train step (`Trainer.train_step`); the first step is a warm-up and is not timed."""
+    import tempfile
+
+    from loracls.train import Trainer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(peft_model, tokenizer, dataset, config, runtime, Path(scratch), log=lambda *a: None)
+        peft_model.train()
+        seconds, tokens = 0.0, 0
+        for n, group in enumerate(groups):
+            start = time.perf_counter()
+            _, group_tokens = trainer.train_step(group)
+            if n > 0:
+                seconds += time.perf_counter() - start
+                tokens += group_tokens
+    return {"seconds": seconds, "tokens": tokens, "steps": len(groups) - 1}
+
+
+def _seed_loop(config, runtime, peft_model, ids, labels, groups) -> dict:
+    """The seed's plain loop: every sequence padded to max_length, accumulation as separate passes of
+    batch_size; the first step is a warm-up and is not timed."""
     import torch.nn.functional as F
 
     from loracls.data import collate
@@ -89,13 +109,12 @@ def _timed_loop(config, runtime, peft_model, ids, labels, groups, micro: int, pa
     seconds, tokens = 0.0, 0
     for n, group in enumerate(groups):
         start = time.perf_counter()
-        for s in range(0, len(group), micro):
-            chunk = group[s:s + micro]
+        for s in range(0, len(group), config.batch_size):
+            chunk = group[s:s + config.batch_size]
             batch = collate([ids[i] for i in chunk], peft_model.config.pad_token_id)
-            if pad_to is not None:  # the seed's recipe: every sequence padded to max_length
-                width = pad_to - batch["input_ids"].shape[1]
-                batch = {k: F.pad(v, (0, width), value=peft_model.config.pad_token_id if k == "input_ids" else 0)
-                         for k, v in batch.items()}
+            width = config.max_length - batch["input_ids"].shape[1]
+            batch = {k: F.pad(v, (0, width), value=peft_model.config.pad_token_id if k == "input_ids" else 0)
+                     for k, v in batch.items()}
             with runtime.autocast:
                 logits = peft_model(**{k: v.to(runtime.device) for k, v in batch.items()}).logits
             target = torch.tensor([labels[i] for i in chunk], device=runtime.device)
@@ -152,7 +171,6 @@ def _group_by_length(arguments_class) -> dict:
 def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     """Worker: time `steps` optimizer steps of one recipe and return the numbers."""
     from loracls.data import encode
-    from loracls.train import micro_batch_size
 
     if recipe == "seed":
         config = from_dict({"precision": "fp32"}, base=config)
@@ -161,11 +179,9 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     lengths = [len(x) for x in ids]
     groups = _step_groups(config, lengths, steps, grouped=recipe != "seed")
     if recipe == "loracls":
-        timing = _timed_loop(config, runtime, peft_model, ids, dataset.train.labels, groups,
-                             micro_batch_size(config, runtime.device), None)
+        timing = _our_loop(config, runtime, peft_model, loaded.tokenizer, dataset, groups)
     elif recipe == "seed":
-        timing = _timed_loop(config, runtime, peft_model, ids, dataset.train.labels, groups, config.batch_size,
-                             config.max_length)
+        timing = _seed_loop(config, runtime, peft_model, ids, dataset.train.labels, groups)
     else:
         timing = _trainer_loop(config, runtime, peft_model, loaded.tokenizer, ids, dataset.train.labels, groups)
     per_token = 4 * non_embedding_parameters(loaded.model)

@@ -50,13 +50,12 @@ def cmd_evaluate(args) -> None:
 
 def cmd_predict(args) -> None:
     from loracls import rundir
-    from loracls.config import from_dict
-    from loracls.pipeline import _read_yaml, predict, read_texts
+    from loracls.pipeline import predict, read_texts
 
     if bool(args.text) == bool(args.file):
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
     run = rundir.check_run_dir(args.run)
-    texts = args.text or read_texts(args.file, from_dict(_read_yaml(run / rundir.CONFIG)).text_column)
+    texts = args.text or read_texts(args.file, rundir.read_config(run).text_column)
     rows = predict(args.run, texts, log)
     out = open(args.out, "w") if args.out else sys.stdout
     for row in rows:

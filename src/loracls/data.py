@@ -121,6 +121,11 @@ def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str) -> Spl
     return Split(list(frame["text"]), [label2id[name] for name in frame["label"]])
 
 
+def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int], source: str) -> Split:
+    """A user's labelled table checked like training data (columns, empty texts, known labels)."""
+    return _to_split(_clean(frame, config, source), label2id, source)
+
+
 def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple[pd.DataFrame, ...]:
     """Seeded validation / test / train split; balanced = equal counts per class."""
     rng = random.Random(config.seed)

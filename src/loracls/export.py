@@ -14,8 +14,8 @@ from loracls.errors import LoraclsError
 from loracls.evaluate import predict_probabilities
 from loracls.model import is_generic, load_classifier, load_standalone, write_generic_module
 
-TIE_MARGIN = 1e-3
-INPUT_FORMAT = "loracls_input.json"  # predictions may differ only where the adapter's top two classes are this close
+TIE_MARGIN = 1e-3  # predictions may differ only where the adapter's top two classes are this close
+INPUT_FORMAT = "loracls_input.json"  # the merged model's input template, for callers
 
 
 def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> dict:

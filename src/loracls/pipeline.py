@@ -14,8 +14,8 @@ import torch
 from peft import PeftModel
 
 from loracls import distributed, rundir
-from loracls.config import Config, from_dict
-from loracls.data import Dataset, encode, format_counts, load_dataset, read_table
+from loracls.config import Config
+from loracls.data import Dataset, encode, format_counts, labelled_split, load_dataset, read_table
 from loracls.baseline import prompt_setup, run_baseline
 from loracls.doctor import FAIL, check_arch, gather_facts, require_bitsandbytes
 from loracls.env import backend_name, environment_record, precision_reason, setup_runtime
@@ -69,7 +69,7 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     log = log if distributed.is_main() else _quiet
     resume_dir = rundir.check_resumable(resume) if resume else None
     if resume_dir is not None:
-        config = from_dict(_read_yaml(resume_dir / rundir.CONFIG))
+        config = rundir.read_config(resume_dir)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     runtime.device = distributed.local_device(runtime.device)
     check_memory_savers(config, runtime)
@@ -165,7 +165,7 @@ class LoadedRun:
 
     def __init__(self, path: str, log=print):
         self.path = rundir.check_run_dir(path)
-        self.config = from_dict(_read_yaml(self.path / rundir.CONFIG))
+        self.config = rundir.read_config(self.path)
         self.id2label = {int(i): name for i, name in rundir.read_json(self.path / rundir.LABELS).items()}
         self.runtime = setup_runtime(self.config.device, self.config.precision, self.config.threads)
         loaded = load_classifier(resolve_model_dir(self.config.model, log), self.id2label, log=log)
@@ -178,12 +178,6 @@ class LoadedRun:
         return predict_probabilities(self.model, ids, self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime)
 
 
-def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load(path.read_text()) or {}
-
-
 def evaluate(run_path: str, data: str | None = None, log=print) -> dict:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     run = LoadedRun(run_path, log)
@@ -191,17 +185,9 @@ def evaluate(run_path: str, data: str | None = None, log=print) -> dict:
         split = load_dataset(run.config).test
         texts, labels = split.texts, split.labels
     else:
-        frame = read_table(data)
-        config = run.config
-        for column in (config.text_column, config.label_column):
-            if column not in frame.columns:
-                raise LoraclsError(f"{data}: column {column!r} not found (columns: {', '.join(map(str, frame.columns))})")
         label2id = {name: i for i, name in run.id2label.items()}
-        names = frame[config.label_column].astype(str)
-        unknown = sorted(set(names) - set(label2id))
-        if unknown:
-            raise LoraclsError(f"{data}: unknown label(s) {', '.join(map(repr, unknown))} (run labels: {', '.join(label2id)})")
-        texts, labels = frame[config.text_column].astype(str).tolist(), [label2id[n] for n in names]
+        split = labelled_split(read_table(data), run.config, label2id, data)
+        texts, labels = split.texts, split.labels
     probs = run.probabilities(texts)
     metrics = classification_metrics(labels, probs, run.id2label)
     log(format_metrics(metrics))

@@ -90,6 +90,13 @@ def read_json(path: Path):
         raise LoraclsError(f"{path} is not valid JSON ({exc})") from None
 
 
+def read_config(run: Path):
+    """The Config a run was made with (its config.yaml), checked like any other config."""
+    from loracls.config import from_dict
+
+    return from_dict(yaml.safe_load((run / CONFIG).read_text()) or {})
+
+
 def check_resumable(path: str) -> Path:
     run = Path(path)
     for name in (CONFIG, LABELS, "checkpoint.pt"):

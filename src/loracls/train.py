@@ -167,7 +167,8 @@ class Trainer:
         distributed.sum_gradients(self.params)
         return total_loss, sum(len(self.train_ids[i]) for i in group)
 
-    def _step(self, group: list[int]) -> tuple[float, int]:
+    def train_step(self, group: list[int]) -> tuple[float, int]:
+        """One optimizer step over one group of example indices: (loss, tokens)."""
         loss, tokens = self._accumulate(group)
         if not math.isfinite(loss):
             raise LoraclsError(f"loss is {loss} at step {self.state.step + 1}: training stopped "
@@ -231,7 +232,7 @@ class Trainer:
             while state.group < len(groups) and state.step < self.total_steps and not state.stopped_early:
                 step_start = time.perf_counter()
                 try:
-                    loss, tokens = self._step(groups[state.group])
+                    loss, tokens = self.train_step(groups[state.group])
                 except LoraclsError:
                     progress.close()
                     raise
