@@ -24,7 +24,7 @@ from loracls.evaluate import classification_metrics, format_metrics, predict_pro
 from loracls.export import export_merged
 from loracls.lora import apply_lora
 from loracls.model import load_classifier, load_tokenizer, resolve_model_dir
-from loracls.train import CHECKPOINT, Trainer
+from loracls.train import Trainer
 
 
 def check_memory_savers(config: Config, runtime) -> None:
@@ -138,7 +138,7 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
     rundir.write_json(run / rundir.METRICS, metrics)
-    (run / CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
+    (run / rundir.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     if baseline is not None:
         log(f"side by side on the test split: zero-shot {baseline['zero_shot']['accuracy']:.4f}, "
             f"calibrated {baseline['calibrated']['accuracy']:.4f} -> LoRA {test_metrics['accuracy']:.4f}")

@@ -23,6 +23,7 @@ BASELINE = "baseline.json"
 ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
+CHECKPOINT = "checkpoint.pt"
 
 
 def new_run_dir(output_dir: str, run_name: str | None) -> Path:
@@ -99,7 +100,7 @@ def read_config(run: Path):
 
 def check_resumable(path: str) -> Path:
     run = Path(path)
-    for name in (CONFIG, LABELS, "checkpoint.pt"):
+    for name in (CONFIG, LABELS, CHECKPOINT):
         if not (run / name).exists():
             raise LoraclsError(f"cannot resume {path}: {name} missing (a run is resumable after its first validation)")
     if (run / METRICS).exists():

@@ -24,8 +24,6 @@ from loracls.data import Dataset, collate, encode, length_grouped_batches
 from loracls.errors import LoraclsError
 from loracls.evaluate import predict_probabilities, prediction_rows
 
-CHECKPOINT = "checkpoint.pt"
-
 
 @dataclass
 class TrainResult:
@@ -111,21 +109,18 @@ class Trainer:
         payload = {"loop": self.state.__dict__, "optimizer": self.optimizer.state_dict(),
                    "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
                    "trainable": {n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad}}
-        target = self.run / CHECKPOINT
+        target = self.run / rundir.CHECKPOINT
         tmp = target.with_name(target.name + ".tmp")
         torch.save(payload, tmp)
         tmp.replace(target)
 
     def load_checkpoint(self) -> None:
-        path = self.run / CHECKPOINT
+        path = self.run / rundir.CHECKPOINT
         if not path.is_file():
-            raise LoraclsError(f"{self.run} has no {CHECKPOINT} to resume from")
+            raise LoraclsError(f"{self.run} has no {rundir.CHECKPOINT} to resume from")
         payload = torch.load(path, map_location="cpu", weights_only=False)
         self.state = LoopState(**payload["loop"])
-        named = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in payload["trainable"].items():
-                named[name].copy_(value)
+        self._set_trainable(payload["trainable"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         torch.set_rng_state(payload["rng"])
@@ -209,9 +204,12 @@ class Trainer:
             state.stopped_early = True
 
     def restore_best(self) -> None:
+        self._set_trainable(self.state.best_state)
+
+    def _set_trainable(self, values: dict[str, torch.Tensor]) -> None:
         named = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, value in self.state.best_state.items():
+            for name, value in values.items():
                 named[name].copy_(value)
 
     # --- the loop ---------------------------------------------------------------------------------
