@@ -28,3 +28,23 @@ def test_bench_reports_each_recipe_and_the_ratios(gemma3_dir, data_csv, tmp_path
 def test_bench_refuses_unknown_recipes(capsys):
     assert main(["bench", "--recipes", "loracls,magic"]) == 2
     assert "unknown recipe" in capsys.readouterr().err
+
+
+def test_bench_full_runs_both_whole_jobs_and_repeats_rounds(gemma3_dir, data_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LORACLS_BENCH_TMP", str(tmp_path / "trainer"))
+    out = tmp_path / "bench.json"
+    args = ["bench", "--steps", "1", "--repeats", "2", "--recipes", "loracls,hf_trainer", "--full", "--out", str(out),
+            *tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=2, eval_every=5, patience=2, merge=False,
+                            baseline=False)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    for result in report["recipes"].values():
+        assert len(result["tokens_per_second_rounds"]) == 2
+        assert result["tokens_per_second"] == max(result["tokens_per_second_rounds"])
+    for name in ("loracls", "hf_trainer"):
+        job = report["full"][name]
+        assert 0.0 <= job["test_accuracy"] <= 1.0 and 0.0 <= job["best_validation_accuracy"] <= 1.0, name
+        assert 0 < job["steps"] <= 30 and 0 < job["train_seconds"] <= job["wall_seconds"], name
+    assert report["ratios"]["full_train_loracls_vs_hf_trainer"] > 0
+    printed = capsys.readouterr().out
+    assert "whole job hf_trainer" in printed and "fastest of 2 rounds" in printed

@@ -6,7 +6,11 @@ Step mode (default) trains `--steps` optimizer steps per recipe on the same exam
 tokens/s (real tokens, padding not counted), seconds per step, peak memory, the ratios, the projected
 train time of the full job, and the share of the CPU's FMA peak (FLOPs ~ 4 x non-embedding parameters
 per trained token: forward + backward to the activations; frozen weights get no gradient).
-`--full` also runs whole jobs (train + test accuracy) for the recipes named in `--full-recipes`.
+`--repeats N` runs the recipes in N alternating rounds and keeps each recipe's fastest round (a shared
+machine's noise only ever slows a run down).
+`--full` also runs whole jobs: ours (the real `train`) and (b) as an HF Trainer job with the same splits,
+validation every `eval_every` steps, best checkpoint and early stopping, then test accuracy. The seed's
+whole job (every sequence padded to max_length, fp32) is projected from its step time: it takes hours on a CPU.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def non_embedding_parameters(model) -> int:
 # --- one recipe, in a worker process -------------------------------------------------------------------
 
 
-def _setup(config: Config):
+def _setup(config: Config, ours: bool = True):
+    """Model, data and runtime for one recipe; the other recipes get plain PEFT (its own dropout)."""
     from loracls.data import load_dataset
     from loracls.env import setup_runtime
     from loracls.lora import apply_lora
@@ -60,7 +65,7 @@ def _setup(config: Config):
     torch.manual_seed(config.seed)
     loaded = load_classifier(resolve_model_dir(config.model, lambda *a: None), dataset.id2label, log=lambda *a: None)
     peft_model, _ = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules,
-                               lambda *a: None)
+                               lambda *a: None, cheap_dropout=ours)
     return runtime, dataset, loaded, peft_model.to(runtime.device)
 
 
@@ -129,21 +134,25 @@ def _seed_loop(config, runtime, peft_model, ids, labels, groups) -> dict:
 
 
 def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -> dict:
-    """HF Trainer + PEFT, group_by_length, same batch / accumulation / lr / precision; timed by a callback."""
+    """HF Trainer + PEFT, group_by_length, same batch / accumulation / lr / precision. A step is timed from
+    the end of the one before (so its batch fetching and collation count, as in our loop), the first step
+    is a warm-up; tokens are the real tokens of the batches it trained on, counted by its collator."""
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
     examples = [{"input_ids": ids[i], "attention_mask": [1] * len(ids[i]), "labels": labels[i]}
                 for g in groups for i in g]
-    timing = {"seconds": 0.0, "steps": 0, "start": 0.0}
+    padding = DataCollatorWithPadding(tokenizer)
+    batch_tokens: list[int] = []  # in the order the Trainer draws its batches
+
+    def counting_collator(features):
+        batch_tokens.append(sum(len(f["input_ids"]) for f in features))
+        return padding(features)
+
+    step_ends: list[float] = []
 
     class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            timing["start"] = time.perf_counter()
-
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step > 1:  # the first step is a warm-up
-                timing["seconds"] += time.perf_counter() - timing["start"]
-                timing["steps"] += 1
+            step_ends.append(time.perf_counter())
 
     args = TrainingArguments(
         output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"), per_device_train_batch_size=config.batch_size,
@@ -153,11 +162,12 @@ def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -
         use_cpu=runtime.device.type == "cpu", report_to=[], save_strategy="no", logging_strategy="no",
         dataloader_num_workers=0, seed=config.seed, disable_tqdm=True)
     trainer = Trainer(model=peft_model, args=args, train_dataset=examples,
-                      data_collator=DataCollatorWithPadding(tokenizer), callbacks=[StepTimer()])
+                      data_collator=counting_collator, callbacks=[StepTimer()])
     trainer.train()
-    mean_tokens = sum(len(x["input_ids"]) for x in examples) / len(examples)
-    tokens = timing["steps"] * config.batch_size * config.gradient_accumulation * mean_tokens
-    return {"seconds": timing["seconds"], "tokens": int(tokens), "steps": timing["steps"]}
+    accumulation = config.gradient_accumulation
+    timed_steps = len(step_ends) - 1
+    tokens = sum(batch_tokens[accumulation:accumulation * (timed_steps + 1)])
+    return {"seconds": step_ends[-1] - step_ends[0], "tokens": tokens, "steps": timed_steps}
 
 
 def _group_by_length(arguments_class) -> dict:
@@ -174,7 +184,7 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
 
     if recipe == "seed":
         config = from_dict({"precision": "fp32"}, base=config)
-    runtime, dataset, loaded, peft_model = _setup(config)
+    runtime, dataset, loaded, peft_model = _setup(config, ours=recipe == "loracls")
     ids = encode(loaded.tokenizer, dataset.train.texts, config.max_length, config.input_template)
     lengths = [len(x) for x in ids]
     groups = _step_groups(config, lengths, steps, grouped=recipe != "seed")
@@ -200,11 +210,57 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     return result
 
 
+def run_trainer_job(config: Config) -> dict:
+    """(b) as a whole job: HF Trainer + PEFT with group_by_length on our splits; validation every
+    `eval_every` steps, the best checkpoint by validation accuracy, early stopping after `patience`
+    validations without gain, then test accuracy of the best checkpoint."""
+    import resource
+
+    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer, TrainingArguments
+
+    from loracls.data import encode
+
+    runtime, dataset, loaded, peft_model = _setup(config, ours=False)
+
+    def examples(split):
+        ids = encode(loaded.tokenizer, split.texts, config.max_length, config.input_template)
+        return [{"input_ids": x, "attention_mask": [1] * len(x), "labels": y} for x, y in zip(ids, split.labels)]
+
+    def accuracy(prediction) -> dict:
+        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+    started = time.perf_counter()
+    args = TrainingArguments(
+        output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer-job"),
+        per_device_train_batch_size=config.batch_size, per_device_eval_batch_size=config.eval_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation, num_train_epochs=config.epochs,
+        max_steps=config.max_steps or -1, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm, warmup_steps=config.warmup_steps,
+        lr_scheduler_type="constant_with_warmup" if config.scheduler == "constant" else config.scheduler,
+        eval_strategy="steps", eval_steps=config.eval_every, save_strategy="steps", save_steps=config.eval_every,
+        save_total_limit=2, load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True,
+        **_group_by_length(TrainingArguments), bf16=runtime.dtype == torch.bfloat16,
+        fp16=runtime.dtype == torch.float16, use_cpu=runtime.device.type == "cpu", report_to=[],
+        logging_strategy="no", dataloader_num_workers=0, seed=config.seed, disable_tqdm=True)
+    trainer = Trainer(model=peft_model, args=args, train_dataset=examples(dataset.train),
+                      eval_dataset=examples(dataset.validation), data_collator=DataCollatorWithPadding(loaded.tokenizer),
+                      compute_metrics=accuracy,
+                      callbacks=[EarlyStoppingCallback(config.patience)] if config.patience else [])
+    trainer.train()
+    train_seconds = time.perf_counter() - started
+    test = trainer.predict(examples(dataset.test))
+    return {"recipe": "hf_trainer", "train_seconds": round(train_seconds, 1),
+            "wall_seconds": round(time.perf_counter() - started, 1), "steps": trainer.state.global_step,
+            "best_validation_accuracy": trainer.state.best_metric, "test_accuracy": accuracy(test)["accuracy"],
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
 # --- the parent: run each recipe in its own process ---------------------------------------------------
 
 
 def _worker(recipe: str, config: Config, steps: int, log) -> dict:
-    log(f"bench: {recipe} ({steps} timed steps) ...")
+    """steps > 0: time that many steps of `recipe`; steps == 0: run the HF Trainer job."""
+    log(f"bench: {recipe} ({steps} timed steps) ..." if steps else f"bench: {recipe} whole job ...")
     command = [sys.executable, "-m", "loracls.bench", recipe, str(steps), json.dumps(config.to_dict())]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
@@ -216,23 +272,31 @@ def _worker(recipe: str, config: Config, steps: int, log) -> dict:
     return result
 
 
-def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=print) -> dict:
+def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=print, repeats: int = 1) -> dict:
     from loracls.data import load_dataset
     from loracls.train import plan_steps
 
-    results = {recipe: _worker(recipe, config, steps, log) for recipe in recipes}
+    rounds = [{recipe: _worker(recipe, config, steps, log) for recipe in recipes} for _ in range(repeats)]
+    results = {recipe: max((r[recipe] for r in rounds), key=lambda x: x["tokens_per_second"]) for recipe in recipes}
+    for recipe, result in results.items():
+        result["tokens_per_second_rounds"] = [r[recipe]["tokens_per_second"] for r in rounds]
     _, total_steps = plan_steps(len(load_dataset(config).train), config)
     for result in results.values():
         result["projected_train_minutes"] = round(total_steps * result["seconds_per_step"] / 60, 1)
     report = {"config": {k: getattr(config, k) for k in ("model", "data", "train_size", "batch_size",
                                                          "gradient_accumulation", "epochs", "max_length")},
-              "cpu": cpu_model_name(), "threads": torch.get_num_threads(), "steps": steps, "recipes": results}
+              "cpu": cpu_model_name(), "threads": torch.get_num_threads(), "steps": steps, "repeats": repeats,
+              "recipes": results}
     ours = results.get("loracls")
     if ours:
         report["ratios"] = {f"loracls_vs_{name}": round(ours["tokens_per_second"] / r["tokens_per_second"], 2)
                             for name, r in results.items() if name != "loracls"}
     if full:
         report["full"] = {"loracls": run_full(config, log)}
+        if "hf_trainer" in recipes:
+            report["full"]["hf_trainer"] = _worker("hf_trainer", config, 0, log)
+            report.setdefault("ratios", {})["full_train_loracls_vs_hf_trainer"] = round(
+                report["full"]["hf_trainer"]["train_seconds"] / report["full"]["loracls"]["train_seconds"], 2)
     return report
 
 
@@ -244,12 +308,15 @@ def run_full(config: Config, log) -> dict:
     started = time.perf_counter()
     run = train(from_dict({"run_name": f"bench-full-{time.strftime('%H%M%S')}"}, base=config), log)
     metrics = rundir.read_json(Path(run) / rundir.METRICS)
-    return {"wall_seconds": round(time.perf_counter() - started, 1), "test_accuracy": metrics["test"]["accuracy"],
-            "run": str(run)}
+    return {"recipe": "loracls", "train_seconds": metrics["train"]["seconds"],
+            "wall_seconds": round(time.perf_counter() - started, 1), "steps": metrics["train"]["steps"],
+            "best_validation_accuracy": metrics["validation"]["best_accuracy"],
+            "test_accuracy": metrics["test"]["accuracy"], "run": str(run)}
 
 
 def format_report(report: dict) -> str:
-    lines = [f"bench on {report['cpu']} ({report['threads']} threads), {report['steps']} timed steps per recipe",
+    rounds = f", fastest of {report['repeats']} rounds" if report.get("repeats", 1) > 1 else ""
+    lines = [f"bench on {report['cpu']} ({report['threads']} threads), {report['steps']} timed steps per recipe{rounds}",
              f"{'recipe':<12} {'precision':<9} {'tokens/s':>9} {'s/step':>7} {'peak MB':>8} {'FMA peak':>8} {'full train (proj.)':>18}"]
     for name, r in report["recipes"].items():
         share = f"{100 * r['fma_peak_share']:.0f}%" if "fma_peak_share" in r else "-"
@@ -258,7 +325,9 @@ def format_report(report: dict) -> str:
     for name, ratio in report.get("ratios", {}).items():
         lines.append(f"{name}: {ratio:.2f}x")
     for name, r in report.get("full", {}).items():
-        lines.append(f"full job {name}: {r['wall_seconds'] / 60:.1f} min, test accuracy {r['test_accuracy']:.4f}")
+        lines.append(f"whole job {name}: train with validation {r['train_seconds'] / 60:.1f} min ({r['steps']} steps), "
+                     f"all {r['wall_seconds'] / 60:.1f} min; best validation {r['best_validation_accuracy']:.4f}, "
+                     f"test accuracy {r['test_accuracy']:.4f}")
     return "\n".join(lines)
 
 
@@ -271,4 +340,5 @@ if __name__ == "__main__":  # worker entry: python -m loracls.bench RECIPE STEPS
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     name, count, raw = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    print(json.dumps(run_recipe(name, from_dict(json.loads(raw)), count)))
+    config = from_dict(json.loads(raw))
+    print(json.dumps(run_recipe(name, config, count) if count else run_trainer_job(config)))

@@ -117,9 +117,9 @@ def cmd_bench(args) -> None:
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown or not recipes:
         raise LoraclsError(f"bench: unknown recipe(s) {unknown or recipes}; choose from {', '.join(RECIPES)}")
-    if args.steps < 1:
-        raise LoraclsError("bench: --steps must be >= 1")
-    report = run_bench(load_config(args.config, args.set), args.steps, recipes, args.full, log)
+    if args.steps < 1 or args.repeats < 1:
+        raise LoraclsError("bench: --steps and --repeats must be >= 1")
+    report = run_bench(load_config(args.config, args.set), args.steps, recipes, args.full, log, args.repeats)
     if args.out:
         from pathlib import Path
 
@@ -164,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps per recipe (after one warm-up step)")
     p.add_argument("--recipes", default="loracls,seed,hf_trainer", help="comma-separated: loracls, seed, hf_trainer")
-    p.add_argument("--full", action="store_true", help="also run our whole default job (wall time, test accuracy)")
+    p.add_argument("--repeats", type=int, default=1, help="alternating rounds; each recipe's fastest is kept")
+    p.add_argument("--full", action="store_true",
+                   help="also run whole jobs: ours, and HF Trainer's when hf_trainer is among the recipes")
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(func=cmd_bench)
 

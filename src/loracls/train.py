@@ -79,6 +79,22 @@ def micro_batch_size(config: Config, device: torch.device) -> int:
     return config.batch_size * config.gradient_accumulation if device.type == "cpu" else config.batch_size
 
 
+def store_frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Keep frozen Linear weights in the autocast compute dtype (bf16/fp16) instead of fp32.
+
+    Autocast casts every fp32 weight to that dtype in every forward pass; a weight already in it is used as
+    is, so the results are the same bit for bit while the per-step cast of all frozen weights (and half
+    their memory) goes away. Trainable weights (LoRA, head) stay fp32 for the optimizer. Returns the count."""
+    if dtype == torch.float32:
+        return 0
+    count = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and not module.weight.requires_grad:
+            module.to(dtype)
+            count += 1
+    return count
+
+
 def plan_steps(num_examples: int, config: Config, world: int = 1) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps)."""
     per_epoch = math.ceil(num_examples / (config.batch_size * config.gradient_accumulation * world))
@@ -94,6 +110,8 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id
         self.train_ids = encode(tokenizer, dataset.train.texts, config.max_length, config.input_template)
         self.validation_ids = encode(tokenizer, dataset.validation.texts, config.max_length, config.input_template)
+        if config.quantization == "none":
+            store_frozen_linears_in(model, runtime.dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
         self.steps_per_epoch, self.total_steps = plan_steps(len(dataset.train), config, self.world)

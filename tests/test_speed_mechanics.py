@@ -1,0 +1,65 @@
+"""The loop's speed-ups change no results: cheap CPU dropout has dropout's distribution and gradient, and
+frozen weights kept in the compute dtype give the same autocast outputs bit for bit."""
+
+import torch
+
+from loracls.lora import CheapRandomDropout, apply_lora
+from loracls.model import load_classifier
+from loracls.train import store_frozen_linears_in
+
+LABELS = {0: "neg", 1: "pos"}
+quiet = lambda *a: None  # noqa: E731
+
+
+def test_cheap_dropout_keeps_one_minus_p_scales_and_masks_the_gradient():
+    torch.manual_seed(0)
+    dropout = CheapRandomDropout(0.25).train()
+    x = torch.ones(1000, 400, requires_grad=True)
+    y = dropout(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.75) < 0.005
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.75))
+    y.sum().backward()
+    assert torch.equal(x.grad, kept.float() / 0.75)
+    assert not torch.equal(dropout(x), dropout(x))  # a new mask per call
+    dropout.eval()
+    assert torch.equal(dropout(x), x)
+
+
+def test_cheap_dropout_follows_the_seed():
+    dropout = CheapRandomDropout(0.1).train()
+    x = torch.randn(64, 32)
+    torch.manual_seed(3)
+    first = dropout(x)
+    torch.manual_seed(3)
+    assert torch.equal(first, dropout(x))
+
+
+def test_lora_dropout_is_swapped_only_when_asked(gemma3_dir):
+    ours, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet)
+    plain, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet,
+                          cheap_dropout=False)
+    kinds = lambda m: {type(d).__name__ for mod in m.modules() if hasattr(mod, "lora_dropout")  # noqa: E731
+                       for d in mod.lora_dropout.values()}
+    assert kinds(ours) == {"CheapRandomDropout"} and kinds(plain) == {"Dropout"}
+
+
+def test_frozen_linears_in_bf16_give_identical_autocast_outputs(gemma3_dir):
+    torch.manual_seed(0)
+    model, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.0, ["q_proj", "v_proj"], quiet)
+    for name, param in model.named_parameters():  # non-zero LoRA B so the adapters take part
+        if "lora_B" in name or "score" in name:
+            torch.nn.init.normal_(param, std=0.5)
+    batch = torch.tensor([[2, 5, 6, 7, 0], [2, 7, 8, 9, 10]])
+    mask = (batch != 0).long()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = model(input_ids=batch, attention_mask=mask).logits
+    trainable = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+    assert store_frozen_linears_in(model, torch.bfloat16) > 0
+    assert store_frozen_linears_in(model, torch.float32) == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        after = model(input_ids=batch, attention_mask=mask).logits
+    assert torch.equal(before, after)
+    assert {n: p.dtype for n, p in model.named_parameters() if p.requires_grad} == trainable  # fp32 for AdamW
+    frozen = [m.weight.dtype for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad]
+    assert frozen and set(frozen) == {torch.bfloat16}
