@@ -119,3 +119,76 @@ def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv,
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.allclose(wa[key], wb[key], atol=1e-5), key
+
+
+def test_fsdp_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv, tmp_path):
+    common = dict(epochs=2, baseline=False, lora_dropout=0.0, eval_every=5, threads=1, merge=False)
+    single = tmp_path / "single"
+    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, single, batch_size=8, **common)]) == 0
+    sharded = tmp_path / "sharded"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
+               "-m", "loracls", "train",
+               *tiny_overrides(gemma3_dir, data_csv, sharded, batch_size=4, data_parallel="fsdp", **common)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fsdp: weights sharded over 2 processes" in result.stdout + result.stderr
+    a = json.loads((single / "run" / "metrics.json").read_text())
+    b = json.loads((sharded / "run" / "metrics.json").read_text())
+    assert a["train"]["steps"] == b["train"]["steps"] == 30
+    assert a["validation"]["best_step"] == b["validation"]["best_step"]
+    assert abs(a["validation"]["best_accuracy"] - b["validation"]["best_accuracy"]) < 1e-9
+    assert a["test"]["accuracy"] == b["test"]["accuracy"]
+    wa = load_file(single / "run" / "adapter" / "adapter_model.safetensors")
+    wb = load_file(sharded / "run" / "adapter" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.allclose(wa[key], wb[key], atol=1e-5), key
+
+
+def _torchrun(args, port):
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+            "-m", "loracls", "train", *args]
+
+
+def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, data_csv, tmp_path):
+    common = dict(epochs=12, eval_every=15, baseline=False, lora_dropout=0.1, threads=1, merge=False,
+                  batch_size=4, data_parallel="fsdp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    straight = tmp_path / "straight"
+    done = subprocess.run(_torchrun(tiny_overrides(gemma3_dir, data_csv, straight, **common), 29521), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_torchrun(tiny_overrides(gemma3_dir, data_csv, killed, **common), 29522), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = killed / "run" / "train_log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if sum('"validation_accuracy"' in line for line in lines) >= 2 and (killed / "run" / "checkpoint.pt").exists():
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    import psutil
+
+    launcher = psutil.Process(process.pid)
+    job = [*launcher.children(recursive=True), launcher]  # the workers run in sessions of their own
+    for proc in job:
+        proc.send_signal(signal.SIGKILL)
+    process.wait()
+    psutil.wait_procs(job, timeout=10)
+    assert not (killed / "run" / "metrics.json").exists()
+
+    resumed = subprocess.run(_torchrun(["--resume", str(killed / "run")], 29523), env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resume: from step" in resumed.stdout + resumed.stderr
+    a = json.loads((straight / "run" / "metrics.json").read_text())
+    b = json.loads((killed / "run" / "metrics.json").read_text())
+    assert a["test"] == b["test"] and a["validation"] == b["validation"] and a["train"]["steps"] == b["train"]["steps"]
+    straight_log = [json.loads(x) for x in (straight / "run" / "train_log.jsonl").read_text().splitlines()]
+    resumed_log = [json.loads(x) for x in (killed / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in straight_log] == \
+           [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in resumed_log]

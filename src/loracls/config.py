@@ -62,6 +62,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     threads: int | None = None  # CPU threads; None: all cores
+    data_parallel: str = "ddp"  # with several processes: ddp (whole model on each) | fsdp (weights sharded, FSDP2)
     # --- output ---
     output_dir: str = "runs"
     run_name: str | None = None
@@ -94,7 +95,8 @@ class Config:
             raise LoraclsError("config: warmup_steps, weight_decay and max_grad_norm must be >= 0")
         choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
                    "scheduler": ("cosine", "linear", "constant"),
-                   "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit")}
+                   "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
+                   "data_parallel": ("ddp", "fsdp")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

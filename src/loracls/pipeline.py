@@ -85,6 +85,9 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
                                          config.target_modules, log)
     if config.quantization == "none":
         peft_model.to(runtime.device)
+    if config.data_parallel == "fsdp" and distributed.world_size() > 1:
+        units = distributed.shard_model(peft_model)
+        log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
 
     run = _prepare_run(config, runtime, dataset, resume_dir)
@@ -105,13 +108,14 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     if resume_dir is not None:
         trainer.load_checkpoint()
     result = trainer.fit()
+    test_ids = encode(loaded.tokenizer, dataset.test.texts, config.max_length, config.input_template)
+    if distributed.is_sharded(peft_model) or distributed.is_main():  # a sharded forward needs every process
+        probs = predict_probabilities(peft_model, test_ids, loaded.tokenizer.pad_token_id, config.eval_batch_size, runtime)
     if not distributed.is_main():
         return run
     log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s; "
         f"best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
 
-    test_ids = encode(loaded.tokenizer, dataset.test.texts, config.max_length, config.input_template)
-    probs = predict_probabilities(peft_model, test_ids, loaded.tokenizer.pad_token_id, config.eval_batch_size, runtime)
     test_metrics = classification_metrics(dataset.test.labels, probs, dataset.id2label)
     rundir.write_jsonl(run / rundir.PREDICTIONS / "test.jsonl",
                        prediction_rows(dataset.test.texts, dataset.test.labels, probs, dataset.id2label))

@@ -110,7 +110,8 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id
         self.train_ids = encode(tokenizer, dataset.train.texts, config.max_length, config.input_template)
         self.validation_ids = encode(tokenizer, dataset.validation.texts, config.max_length, config.input_template)
-        if config.quantization == "none":
+        self.sharded = distributed.is_sharded(model)
+        if config.quantization == "none" and not self.sharded:  # FSDP units keep one dtype per unit
             store_frozen_linears_in(model, runtime.dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
@@ -123,10 +124,26 @@ class Trainer:
 
     # --- checkpoints ------------------------------------------------------------------------------
 
+    def _trainable(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
     def save_checkpoint(self) -> None:
-        payload = {"loop": self.state.__dict__, "optimizer": self.optimizer.state_dict(),
-                   "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
-                   "trainable": {n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad}}
+        """Every process calls (each one's RNG state is kept; a sharded model's state is gathered); rank 0 writes."""
+        rng = distributed.gather_object(torch.get_rng_state())  # ranks draw different amounts (dropout)
+        if not (self.sharded or distributed.is_main()):
+            return
+        trainable = distributed.full_copy(self._trainable())
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optimizer = get_optimizer_state_dict(self.model, self.optimizer,
+                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            optimizer = self.optimizer.state_dict()
+        if not distributed.is_main():
+            return
+        payload = {"loop": self.state.__dict__, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                   "rng": rng, "trainable": trainable}
         target = self.run / rundir.CHECKPOINT
         tmp = target.with_name(target.name + ".tmp")
         torch.save(payload, tmp)
@@ -139,9 +156,16 @@ class Trainer:
         payload = torch.load(path, map_location="cpu", weights_only=False)
         self.state = LoopState(**payload["loop"])
         self._set_trainable(payload["trainable"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, payload["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
-        torch.set_rng_state(payload["rng"])
+        rng = payload["rng"]
+        torch.set_rng_state(rng[distributed.rank()] if len(rng) == self.world else rng[0])
         if distributed.is_main():
             rundir.truncate_lines(self.run / rundir.TRAIN_LOG, self.state.log_lines)
         self.log(f"resume: from step {self.state.step} (epoch {self.state.epoch}), "
@@ -177,7 +201,8 @@ class Trainer:
             loss = F.cross_entropy(logits.float(), labels, reduction="sum") / len(group)
             loss.backward()
             total_loss += loss.item()
-        distributed.sum_gradients(self.params)
+        if not self.sharded:  # FSDP has reduce-scattered them already
+            distributed.sum_gradients(self.params)
         return total_loss, sum(len(self.train_ids[i]) for i in group)
 
     def train_step(self, group: list[int]) -> tuple[float, int]:
@@ -196,10 +221,12 @@ class Trainer:
     # --- validation -------------------------------------------------------------------------------
 
     def validate(self, step: int) -> None:
-        """Rank 0 scores the validation split, saves the best adapter and a checkpoint; all ranks learn the verdict."""
+        """Rank 0 scores the validation split (every rank runs the forward passes of a sharded model), saves the
+        best adapter and a checkpoint; all ranks learn the verdict."""
         state = self.state
-        if distributed.is_main():
+        if distributed.is_main() or self.sharded:
             probs = predict_probabilities(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size, self.runtime)
+        if distributed.is_main():
             labels = self.dataset.validation.labels
             accuracy = float((probs.argmax(axis=1) == torch.tensor(labels).numpy()).mean())
             rows = prediction_rows(self.dataset.validation.texts, labels, probs, self.dataset.id2label)
@@ -210,9 +237,10 @@ class Trainer:
         improved = accuracy > state.best_accuracy
         if improved:
             state.best_accuracy, state.best_step, state.evals_without_gain = accuracy, step, 0
-            state.best_state = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+            state.best_state = distributed.full_copy(self._trainable())
             if distributed.is_main():
-                rundir.replace_dir(self.run / rundir.ADAPTER, self.model.save_pretrained)
+                rundir.replace_dir(self.run / rundir.ADAPTER,
+                                   lambda directory: self.model.save_pretrained(directory, state_dict=state.best_state))
         else:
             state.evals_without_gain += 1
         self._log_line({"step": step, "validation_accuracy": accuracy, "best": state.best_accuracy, "improved": improved})
@@ -226,9 +254,8 @@ class Trainer:
 
     def _set_trainable(self, values: dict[str, torch.Tensor]) -> None:
         named = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in values.items():
-                named[name].copy_(value)
+        for name, value in values.items():
+            distributed.copy_into(named[name], value)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -264,8 +291,7 @@ class Trainer:
                     self._log_window(window, device, progress)
                 if state.step % config.eval_every == 0 or state.step == self.total_steps:
                     self.validate(state.step)
-                    if distributed.is_main():
-                        self.save_checkpoint()
+                    self.save_checkpoint()
             if state.group >= len(groups):
                 state.epoch, state.group = state.epoch + 1, 0
         progress.close()
