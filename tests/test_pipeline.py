@@ -106,3 +106,46 @@ def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, c
     capsys.readouterr()
     assert main(["predict", str(run), "--text", row["text"]]) == 0
     assert json.loads(capsys.readouterr().out)["prediction"] == row["prediction"]
+
+
+def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemma3_dir, data_csv, tmp_path, monkeypatch):
+    import numpy as np
+
+    from loracls import train as train_stage
+    from loracls.config import from_dict
+    from loracls.data import load_dataset
+    from loracls.env import setup_runtime
+    from loracls.lora import apply_lora
+    from loracls.model import load_classifier
+
+    config = from_dict({"model": str(gemma3_dir), "data": str(data_csv), "train_size": 40, "validation_size": 4,
+                        "test_size": 4, "patience": 2, "precision": "fp32"})
+    dataset = load_dataset(config)
+    loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
+    model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
+    trainer = train_stage.Trainer(model, loaded.tokenizer, dataset, config, setup_runtime("cpu", "fp32", 1), tmp_path,
+                                  log=lambda *a: None)
+    labels = np.asarray(dataset.validation.labels)
+
+    def probs_with(correct: int, right: float, wrong: float | None = None):
+        """`correct` of the 4 examples right with probability `right`, the others wrong with `wrong`."""
+        out = np.zeros((4, 2))
+        for i, label in enumerate(labels):
+            predicted, confidence = (label, right) if i < correct else (1 - label, wrong or right)
+            out[i, predicted], out[i, 1 - predicted] = confidence, 1 - confidence
+        return out
+
+    script = iter([probs_with(3, 0.6), probs_with(3, 0.7), probs_with(3, 0.7), probs_with(2, 0.99, 0.51),
+                   probs_with(2, 0.9), probs_with(2, 0.9)])
+    monkeypatch.setattr(train_stage, "predict_probabilities", lambda *a, **k: next(script))
+    steps = []
+    for step in (10, 20, 30, 40, 50, 60):
+        trainer.validate(step)
+        state = trainer.state
+        steps.append((state.best_step, state.evals_without_gain, state.stopped_early))
+    # 20: same accuracy, lower loss -> the new best; 30: nothing better; 40: lower accuracy but the lowest loss
+    # so far -> patience starts again, the best stays; 50, 60: neither -> stop after 2
+    assert steps == [(10, 0, False), (20, 0, False), (20, 1, False), (20, 0, False), (20, 1, False), (20, 2, True)]
+    assert (tmp_path / "adapter").exists()
+    log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["improved"] for r in log] == [True, True, False, False, False, False] and "validation_loss" in log[0]
