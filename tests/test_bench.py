@@ -45,6 +45,6 @@ def test_bench_full_runs_both_whole_jobs_and_repeats_rounds(gemma3_dir, data_csv
         job = report["full"][name]
         assert 0.0 <= job["test_accuracy"] <= 1.0 and 0.0 <= job["best_validation_accuracy"] <= 1.0, name
         assert 0 < job["steps"] <= 30 and 0 < job["train_seconds"] <= job["wall_seconds"], name
-    assert report["ratios"]["full_train_loracls_vs_hf_trainer"] > 0
+    assert report["ratios"]["whole_job_loracls_vs_hf_trainer"] > 0
     printed = capsys.readouterr().out
     assert "whole job hf_trainer" in printed and "fastest of 2 rounds" in printed

@@ -46,6 +46,23 @@ def _train_cmd(args):
     return [sys.executable, "-m", "loracls", "train", *args]
 
 
+def _wait_for_two_validations(run, process) -> None:
+    """Until the run has validated twice and holds a checkpoint; it must still be running then."""
+    log = run / "train_log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if sum('"validation_accuracy"' in line for line in lines) >= 2 and (run / "checkpoint.pt").exists():
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+
+
+def _log_trace(run) -> list[tuple]:
+    rows = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("loss"), r.get("validation_accuracy"), r.get("validation_loss")) for r in rows]
+
+
 def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tmp_path):
     common = dict(epochs=12, eval_every=15, baseline=False, lora_dropout=0.1, threads=1)
     straight = tmp_path / "straight"
@@ -54,14 +71,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tm
     killed = tmp_path / "killed"
     process = subprocess.Popen(_train_cmd(tiny_overrides(gemma3_dir, data_csv, killed, **common)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = killed / "run" / "train_log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None:
-        lines = log.read_text().splitlines() if log.exists() else []
-        if sum('"validation_accuracy"' in line for line in lines) >= 2 and (killed / "run" / "checkpoint.pt").exists():
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the run ended before it could be killed"
+    _wait_for_two_validations(killed / "run", process)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "run" / "metrics.json").exists()
@@ -71,10 +81,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tm
     b = json.loads((killed / "run" / "metrics.json").read_text())
     assert a["test"] == b["test"] and a["validation"] == b["validation"] and a["train"]["steps"] == b["train"]["steps"]
     assert a["export"]["predictions_equal"] and b["export"]["predictions_equal"]
-    straight_log = [json.loads(x) for x in (straight / "run" / "train_log.jsonl").read_text().splitlines()]
-    resumed_log = [json.loads(x) for x in (killed / "run" / "train_log.jsonl").read_text().splitlines()]
-    assert [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in straight_log] == \
-           [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in resumed_log]
+    assert _log_trace(straight / "run") == _log_trace(killed / "run")
     assert not (killed / "run" / "checkpoint.pt").exists()
     assert main(["train", "--resume", str(killed / "run")]) == 2  # finished: nothing to resume
 
@@ -99,16 +106,17 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(gemma3_d
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
-def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv, tmp_path):
+@pytest.mark.parametrize("data_parallel, port", [("ddp", 29517), ("fsdp", 29518)])
+def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv, tmp_path, data_parallel, port):
     common = dict(epochs=2, baseline=False, lora_dropout=0.0, eval_every=5, threads=1, merge=False)
     single = tmp_path / "single"
     assert main(["train", *tiny_overrides(gemma3_dir, data_csv, single, batch_size=8, **common)]) == 0
     double = tmp_path / "double"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               "-m", "loracls", "train", *tiny_overrides(gemma3_dir, data_csv, double, batch_size=4, **common)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    args = tiny_overrides(gemma3_dir, data_csv, double, batch_size=4, data_parallel=data_parallel, **common)
+    result = subprocess.run(_torchrun(args, port), env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("fsdp: weights sharded over 2 processes" in result.stdout + result.stderr) == (data_parallel == "fsdp")
     a = json.loads((single / "run" / "metrics.json").read_text())
     b = json.loads((double / "run" / "metrics.json").read_text())
     assert a["train"]["steps"] == b["train"]["steps"] == 30
@@ -116,31 +124,6 @@ def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv,
     assert a["validation"] == b["validation"]
     wa = load_file(single / "run" / "adapter" / "adapter_model.safetensors")
     wb = load_file(double / "run" / "adapter" / "adapter_model.safetensors")
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.allclose(wa[key], wb[key], atol=1e-5), key
-
-
-def test_fsdp_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv, tmp_path):
-    common = dict(epochs=2, baseline=False, lora_dropout=0.0, eval_every=5, threads=1, merge=False)
-    single = tmp_path / "single"
-    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, single, batch_size=8, **common)]) == 0
-    sharded = tmp_path / "sharded"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
-               "-m", "loracls", "train",
-               *tiny_overrides(gemma3_dir, data_csv, sharded, batch_size=4, data_parallel="fsdp", **common)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "fsdp: weights sharded over 2 processes" in result.stdout + result.stderr
-    a = json.loads((single / "run" / "metrics.json").read_text())
-    b = json.loads((sharded / "run" / "metrics.json").read_text())
-    assert a["train"]["steps"] == b["train"]["steps"] == 30
-    assert a["validation"]["best_step"] == b["validation"]["best_step"]
-    assert abs(a["validation"]["best_accuracy"] - b["validation"]["best_accuracy"]) < 1e-9
-    assert a["test"]["accuracy"] == b["test"]["accuracy"]
-    wa = load_file(single / "run" / "adapter" / "adapter_model.safetensors")
-    wb = load_file(sharded / "run" / "adapter" / "adapter_model.safetensors")
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.allclose(wa[key], wb[key], atol=1e-5), key
@@ -163,14 +146,7 @@ def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, da
     killed = tmp_path / "killed"
     process = subprocess.Popen(_torchrun(tiny_overrides(gemma3_dir, data_csv, killed, **common), 29522), env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = killed / "run" / "train_log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None:
-        lines = log.read_text().splitlines() if log.exists() else []
-        if sum('"validation_accuracy"' in line for line in lines) >= 2 and (killed / "run" / "checkpoint.pt").exists():
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the run ended before it could be killed"
+    _wait_for_two_validations(killed / "run", process)
     import psutil
 
     launcher = psutil.Process(process.pid)
@@ -188,7 +164,4 @@ def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, da
     a = json.loads((straight / "run" / "metrics.json").read_text())
     b = json.loads((killed / "run" / "metrics.json").read_text())
     assert a["test"] == b["test"] and a["validation"] == b["validation"] and a["train"]["steps"] == b["train"]["steps"]
-    straight_log = [json.loads(x) for x in (straight / "run" / "train_log.jsonl").read_text().splitlines()]
-    resumed_log = [json.loads(x) for x in (killed / "run" / "train_log.jsonl").read_text().splitlines()]
-    assert [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in straight_log] == \
-           [(r["step"], r.get("loss"), r.get("validation_accuracy")) for r in resumed_log]
+    assert _log_trace(straight / "run") == _log_trace(killed / "run")

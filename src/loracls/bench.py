@@ -295,8 +295,10 @@ def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=pr
         report["full"] = {"loracls": run_full(config, log)}
         if "hf_trainer" in recipes:
             report["full"]["hf_trainer"] = _worker("hf_trainer", config, 0, log)
-            report.setdefault("ratios", {})["full_train_loracls_vs_hf_trainer"] = round(
-                report["full"]["hf_trainer"]["train_seconds"] / report["full"]["loracls"]["train_seconds"], 2)
+            per_step = {name: job["train_seconds"] / max(job["steps"], 1) for name, job in report["full"].items()}
+            # per optimizer step (validation included): early stopping may end the two jobs at different steps
+            report.setdefault("ratios", {})["whole_job_loracls_vs_hf_trainer"] = round(
+                per_step["hf_trainer"] / per_step["loracls"], 2)
     return report
 
 
