@@ -133,14 +133,30 @@ def _seed_loop(config, runtime, peft_model, ids, labels, groups) -> dict:
     return {"seconds": seconds, "tokens": tokens, "steps": len(groups) - 1}
 
 
+def _trainer_examples(ids: list[list[int]], labels: list[int]) -> list[dict]:
+    return [{"input_ids": x, "attention_mask": [1] * len(x), "labels": y} for x, y in zip(ids, labels)]
+
+
+def _trainer_arguments(config: Config, runtime, **job):
+    """TrainingArguments for (b): our batch / accumulation / optimizer / precision / seed, group_by_length."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation,
+        learning_rate=config.learning_rate, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        **_group_by_length(TrainingArguments), bf16=runtime.dtype == torch.bfloat16,
+        fp16=runtime.dtype == torch.float16, use_cpu=runtime.device.type == "cpu", report_to=[],
+        logging_strategy="no", dataloader_num_workers=0, seed=config.seed, disable_tqdm=True, **job)
+
+
 def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -> dict:
     """HF Trainer + PEFT, group_by_length, same batch / accumulation / lr / precision. A step is timed from
     the end of the one before (so its batch fetching and collation count, as in our loop), the first step
     is a warm-up; tokens are the real tokens of the batches it trained on, counted by its collator."""
-    from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
+    from transformers import DataCollatorWithPadding, Trainer, TrainerCallback
 
-    examples = [{"input_ids": ids[i], "attention_mask": [1] * len(ids[i]), "labels": labels[i]}
-                for g in groups for i in g]
+    order = [i for g in groups for i in g]
+    examples = _trainer_examples([ids[i] for i in order], [labels[i] for i in order])
     padding = DataCollatorWithPadding(tokenizer)
     batch_tokens: list[int] = []  # in the order the Trainer draws its batches
 
@@ -154,13 +170,8 @@ def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -
         def on_step_end(self, args, state, control, **kwargs):
             step_ends.append(time.perf_counter())
 
-    args = TrainingArguments(
-        output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"), per_device_train_batch_size=config.batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation, learning_rate=config.learning_rate,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, max_steps=len(groups),
-        **_group_by_length(TrainingArguments), bf16=runtime.dtype == torch.bfloat16, fp16=runtime.dtype == torch.float16,
-        use_cpu=runtime.device.type == "cpu", report_to=[], save_strategy="no", logging_strategy="no",
-        dataloader_num_workers=0, seed=config.seed, disable_tqdm=True)
+    args = _trainer_arguments(config, runtime, output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"),
+                              max_steps=len(groups), save_strategy="no")
     trainer = Trainer(model=peft_model, args=args, train_dataset=examples,
                       data_collator=counting_collator, callbacks=[StepTimer()])
     trainer.train()
@@ -216,32 +227,27 @@ def run_trainer_job(config: Config) -> dict:
     validations without gain, then test accuracy of the best checkpoint."""
     import resource
 
-    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer, TrainingArguments
+    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer
 
     from loracls.data import encode
 
     runtime, dataset, loaded, peft_model = _setup(config, ours=False)
 
     def examples(split):
-        ids = encode(loaded.tokenizer, split.texts, config.max_length, config.input_template)
-        return [{"input_ids": x, "attention_mask": [1] * len(x), "labels": y} for x, y in zip(ids, split.labels)]
+        return _trainer_examples(encode(loaded.tokenizer, split.texts, config.max_length, config.input_template),
+                                 split.labels)
 
     def accuracy(prediction) -> dict:
         return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
     started = time.perf_counter()
-    args = TrainingArguments(
-        output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer-job"),
-        per_device_train_batch_size=config.batch_size, per_device_eval_batch_size=config.eval_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation, num_train_epochs=config.epochs,
-        max_steps=config.max_steps or -1, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm, warmup_steps=config.warmup_steps,
+    args = _trainer_arguments(
+        config, runtime, output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer-job"),
+        per_device_eval_batch_size=config.eval_batch_size, num_train_epochs=config.epochs,
+        max_steps=config.max_steps or -1, warmup_steps=config.warmup_steps,
         lr_scheduler_type="constant_with_warmup" if config.scheduler == "constant" else config.scheduler,
         eval_strategy="steps", eval_steps=config.eval_every, save_strategy="steps", save_steps=config.eval_every,
-        save_total_limit=2, load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True,
-        **_group_by_length(TrainingArguments), bf16=runtime.dtype == torch.bfloat16,
-        fp16=runtime.dtype == torch.float16, use_cpu=runtime.device.type == "cpu", report_to=[],
-        logging_strategy="no", dataloader_num_workers=0, seed=config.seed, disable_tqdm=True)
+        save_total_limit=2, load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True)
     trainer = Trainer(model=peft_model, args=args, train_dataset=examples(dataset.train),
                       eval_dataset=examples(dataset.validation), data_collator=DataCollatorWithPadding(loaded.tokenizer),
                       compute_metrics=accuracy,
