@@ -165,3 +165,10 @@ def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, da
     b = json.loads((killed / "run" / "metrics.json").read_text())
     assert a["test"] == b["test"] and a["validation"] == b["validation"] and a["train"]["steps"] == b["train"]["steps"]
     assert _log_trace(straight / "run") == _log_trace(killed / "run")
+
+
+def test_fsdp_refuses_a_model_without_a_layer_list():
+    from loracls.distributed import decoder_layers
+
+    with pytest.raises(LoraclsError, match="no list of layers to shard; use ddp"):
+        decoder_layers(torch.nn.Linear(4, 2))

@@ -18,6 +18,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from loracls.errors import LoraclsError
+
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -50,7 +52,7 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The model's stack of decoder layers: its ModuleList holding the most parameters."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
     if not lists:
-        raise ValueError(f"{type(model).__name__} has no list of layers to shard")
+        raise LoraclsError(f"data_parallel: fsdp: {type(model).__name__} has no list of layers to shard; use ddp")
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 

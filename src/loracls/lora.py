@@ -123,8 +123,7 @@ class CheapRandomDropout(nn.Dropout):
         n = x.numel()
         draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_()
         uniform15 = draws.view(torch.int16)[:n].view(x.shape) & 0x7FFF
-        scale = torch.ones((), dtype=x.dtype) / (1.0 - self.p)
-        mask = (uniform15 >= round(self.p * 32768)).to(x.dtype).mul_(scale)
+        mask = (uniform15 >= round(self.p * 32768)).to(x.dtype).mul_(1.0 / (1.0 - self.p))
         return x * mask
 
 
