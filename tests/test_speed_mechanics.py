@@ -5,7 +5,7 @@ import torch
 
 from loracls.lora import CheapRandomDropout, apply_lora
 from loracls.model import load_classifier
-from loracls.train import store_frozen_linears_in
+from loracls.train import pick_attention, store_frozen_linears_in
 
 LABELS = {0: "neg", 1: "pos"}
 quiet = lambda *a: None  # noqa: E731
@@ -63,3 +63,36 @@ def test_frozen_linears_in_bf16_give_identical_autocast_outputs(gemma3_dir):
     assert {n: p.dtype for n, p in model.named_parameters() if p.requires_grad} == trainable  # fp32 for AdamW
     frozen = [m.weight.dtype for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad]
     assert frozen and set(frozen) == {torch.bfloat16}
+
+
+def test_cpu_training_uses_eager_attention_with_the_same_outputs_and_gradients(gemma3_dir, monkeypatch):
+    from transformers.models.gemma3 import modeling_gemma3
+
+    eager_calls = []
+    eager = modeling_gemma3.eager_attention_forward
+    monkeypatch.setattr(modeling_gemma3, "eager_attention_forward",
+                        lambda *a, **k: eager_calls.append(1) or eager(*a, **k))
+    torch.manual_seed(0)
+    model, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.0, ["q_proj", "v_proj"], quiet)
+    for name, param in model.named_parameters():
+        if "lora_B" in name or "score" in name:
+            torch.nn.init.normal_(param, std=0.5)
+    batch = torch.tensor([[2, 5, 6, 7, 0, 0], [2, 7, 8, 9, 10, 11]])  # a padded row: the mask matters
+    mask = (batch != 0).long()
+
+    def logits_and_grads():
+        model.zero_grad()
+        logits = model(input_ids=batch, attention_mask=mask).logits
+        logits.sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    assert model.config._attn_implementation == "sdpa"
+    sdpa_logits, sdpa_grads = logits_and_grads()
+    assert not eager_calls
+    assert pick_attention(model, torch.device("cuda")) is None and model.config._attn_implementation == "sdpa"
+    assert pick_attention(model, torch.device("cpu")) == "eager"
+    eager_logits, eager_grads = logits_and_grads()
+    assert len(eager_calls) == model.config.num_hidden_layers
+    assert torch.allclose(eager_logits, sdpa_logits, atol=1e-5)
+    for name, grad in sdpa_grads.items():
+        assert torch.allclose(eager_grads[name], grad, atol=1e-5, rtol=1e-4), name

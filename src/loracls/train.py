@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import get_scheduler
+from transformers import PreTrainedModel, get_scheduler
 
 from loracls import distributed, rundir
 from loracls.config import Config
@@ -105,6 +105,24 @@ def store_frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
     return count
 
 
+def pick_attention(model: torch.nn.Module, device: torch.device) -> str | None:
+    """On CPU, use transformers' eager attention (matmul, softmax, matmul) instead of SDPA.
+
+    torch's CPU SDPA (flash kernel) has a slow backward for the short, padded sequences of classification
+    data: on the embedded job it took 13% of a train step, 4x its own forward. Measured on Gemma 3 270M
+    (2 cores, bf16 autocast), a forward+backward with eager attention is faster at every length tried:
+    0.69 vs 0.74 s (32 x 24 tokens), 1.02 vs 1.16 s (8 x 128), 1.20 vs 1.49 s (2 x 512), 1.58 vs 1.92 s
+    (1 x 1024). On GPUs SDPA's fused kernels are kept. Returns the implementation set, or None."""
+    if device.type != "cpu":
+        return None
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            if getattr(module.config, "_attn_implementation", None) in (None, "sdpa"):
+                module.set_attn_implementation("eager")
+            return module.config._attn_implementation
+    return None
+
+
 def plan_steps(num_examples: int, config: Config, world: int = 1) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps)."""
     per_epoch = math.ceil(num_examples / (config.batch_size * config.gradient_accumulation * world))
@@ -123,6 +141,7 @@ class Trainer:
         self.sharded = distributed.is_sharded(model)
         if config.quantization == "none" and not self.sharded:  # FSDP units keep one dtype per unit
             store_frozen_linears_in(model, runtime.dtype)
+        self.attention = pick_attention(model, runtime.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
         self.steps_per_epoch, self.total_steps = plan_steps(len(dataset.train), config, self.world)
@@ -278,7 +297,8 @@ class Trainer:
         self.log(f"train: {len(self.dataset.train)} examples, {self.steps_per_epoch} optimizer steps/epoch, "
                  f"{self.total_steps} steps (batch {config.batch_size} x accumulation {config.gradient_accumulation}"
                  + (f" x {self.world} processes" if self.world > 1 else "")
-                 + f"; micro-batches of {self.micro_batch_size})")
+                 + f"; micro-batches of {self.micro_batch_size}"
+                 + (f"; {self.attention} attention" if self.attention else "") + ")")
         self.model.train()
         window = state.window
         start = time.perf_counter()
