@@ -44,12 +44,18 @@ def test_lora_dropout_is_swapped_only_when_asked(gemma3_dir):
     assert kinds(ours) == {"CheapRandomDropout"} and kinds(plain) == {"Dropout"}
 
 
-def test_frozen_linears_in_bf16_give_identical_autocast_outputs(gemma3_dir):
+def _model_with_live_adapters(gemma3_dir):
+    """LoRA on q/v without dropout, with non-zero LoRA B and head so the adapters take part."""
     torch.manual_seed(0)
     model, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.0, ["q_proj", "v_proj"], quiet)
-    for name, param in model.named_parameters():  # non-zero LoRA B so the adapters take part
+    for name, param in model.named_parameters():
         if "lora_B" in name or "score" in name:
             torch.nn.init.normal_(param, std=0.5)
+    return model
+
+
+def test_frozen_linears_in_bf16_give_identical_autocast_outputs(gemma3_dir):
+    model = _model_with_live_adapters(gemma3_dir)
     batch = torch.tensor([[2, 5, 6, 7, 0], [2, 7, 8, 9, 10]])
     mask = (batch != 0).long()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -72,11 +78,7 @@ def test_cpu_training_uses_eager_attention_with_the_same_outputs_and_gradients(g
     eager = modeling_gemma3.eager_attention_forward
     monkeypatch.setattr(modeling_gemma3, "eager_attention_forward",
                         lambda *a, **k: eager_calls.append(1) or eager(*a, **k))
-    torch.manual_seed(0)
-    model, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.0, ["q_proj", "v_proj"], quiet)
-    for name, param in model.named_parameters():
-        if "lora_B" in name or "score" in name:
-            torch.nn.init.normal_(param, std=0.5)
+    model = _model_with_live_adapters(gemma3_dir)
     batch = torch.tensor([[2, 5, 6, 7, 0, 0], [2, 7, 8, 9, 10, 11]])  # a padded row: the mask matters
     mask = (batch != 0).long()
 
