@@ -2,25 +2,41 @@
 
 import json
 
+import torch
+
 from conftest import tiny_overrides
+from loracls import bench
 from loracls.cli import main
+
+
+def test_fma_peak_doubles_for_bf16_only_where_the_cpu_has_native_bf16(monkeypatch):
+    monkeypatch.setattr(bench, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    fp32 = bench.cpu_fma_peak_flops(torch.float32)
+    assert fp32 > 0 and bench.cpu_fma_peak_flops(torch.bfloat16) == 2 * fp32
+    monkeypatch.setattr(bench, "cpu_flags", lambda: {"avx512f"})
+    assert bench.cpu_fma_peak_flops(torch.bfloat16) == bench.cpu_fma_peak_flops(torch.float32) == fp32
+    monkeypatch.setattr(bench, "cpu_flags", lambda: {"avx2"})
+    assert bench.cpu_fma_peak_flops(torch.float32) == fp32 / 2
 
 
 def test_bench_reports_each_recipe_and_the_ratios(gemma3_dir, data_csv, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    args = ["bench", "--steps", "2", "--out", str(out),
+    args = ["bench", "--steps", "2", "--out", str(out), "--recipes", "loracls,seed,hf_trainer,hf_trainer_eager",
             *tiny_overrides(gemma3_dir, data_csv, tmp_path, max_length=64, batch_size=4, gradient_accumulation=2)]
     assert main(args) == 0
     report = json.loads(out.read_text())
-    assert set(report["recipes"]) == {"loracls", "seed", "hf_trainer"}
+    assert set(report["recipes"]) == {"loracls", "seed", "hf_trainer", "hf_trainer_eager"}
     for name, result in report["recipes"].items():
         assert result["steps"] == 2 and result["tokens_per_second"] > 0 and result["peak_rss_mb"] > 0, name
         assert 0 < result["fma_peak_share"] < 1.5
         assert result["projected_train_minutes"] >= 0
     assert report["recipes"]["seed"]["precision"] == "float32"
+    # on CPU our loop trains with eager attention; HF Trainer keeps its default unless given eager by hand
+    attention = {name: result["attention"] for name, result in report["recipes"].items()}
+    assert attention == {"loracls": "eager", "seed": "sdpa", "hf_trainer": "sdpa", "hf_trainer_eager": "eager"}
     # the seed pads every sequence to max_length: far more work for the same real tokens
     assert report["ratios"]["loracls_vs_seed"] > 1.0
-    assert set(report["ratios"]) == {"loracls_vs_seed", "loracls_vs_hf_trainer"}
+    assert set(report["ratios"]) == {"loracls_vs_seed", "loracls_vs_hf_trainer", "loracls_vs_hf_trainer_eager"}
     printed = capsys.readouterr().out
     assert "loracls_vs_seed" in printed and "FMA peak" in printed
 

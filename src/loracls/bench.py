@@ -1,11 +1,14 @@
 """`loracls bench`: our train step against (a) the seed's recipe (padding to max_length, fp32, plain
 PEFT loop, accumulation as separate passes) and (b) HF Trainer + PEFT with group_by_length, on the same
-model, data, seed and precision rules. Each recipe runs in its own process so peak memory is its own.
+model, data, seed and precision rules. `hf_trainer_eager` is (b) given transformers' eager attention by hand
+(our loop picks eager attention on CPU): it shows how much of the gap over (b) is that one choice.
+Each recipe runs in its own process so peak memory is its own.
 
 Step mode (default) trains `--steps` optimizer steps per recipe on the same examples and reports train
 tokens/s (real tokens, padding not counted), seconds per step, peak memory, the ratios, the projected
-train time of the full job, and the share of the CPU's FMA peak (FLOPs ~ 4 x non-embedding parameters
-per trained token: forward + backward to the activations; frozen weights get no gradient).
+train time of the full job, and the share of the CPU's FMA peak at the precision trained in (FLOPs ~ 4 x
+non-embedding parameters per trained token: forward + backward to the activations; frozen weights get no
+gradient).
 `--repeats N` runs the recipes in N alternating rounds and keeps each recipe's fastest round (a shared
 machine's noise only ever slows a run down).
 `--full` also runs whole jobs: ours (the real `train`) and (b) as an HF Trainer job with the same splits,
@@ -28,21 +31,25 @@ from loracls import rundir
 from loracls.config import Config, from_dict
 from loracls.env import cpu_flags, cpu_model_name
 
-RECIPES = ("loracls", "seed", "hf_trainer")
+RECIPES = ("loracls", "seed", "hf_trainer", "hf_trainer_eager")
 
 
 # --- hardware peak -----------------------------------------------------------------------------------
 
 
-def cpu_fma_peak_flops() -> float:
-    """fp32 FLOP/s: cores x clock x 2 FMA pipes x SIMD lanes x 2 (AVX-512 / AVX2 have 16 / 8 fp32 lanes)."""
+def cpu_fma_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s at the precision trained in: cores x clock x 2 FMA pipes x SIMD lanes x 2 (AVX-512 / AVX2 have
+    16 / 8 fp32 lanes); bf16 on a CPU with native bf16 (`avx512_bf16`: two bf16 products per fp32 lane and
+    instruction) doubles it. bf16 elsewhere runs through fp32 units, so the fp32 peak applies."""
     try:
         with open("/proc/cpuinfo") as fh:
             mhz = max(float(line.split(":")[1]) for line in fh if line.startswith("cpu MHz"))
     except (OSError, ValueError):
         mhz = 2000.0
-    lanes = 16 if "avx512f" in cpu_flags() else 8 if "avx2" in cpu_flags() else 4
-    return torch.get_num_threads() * mhz * 1e6 * 2 * lanes * 2
+    flags = cpu_flags()
+    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
+    per_lane = 2 if dtype == torch.bfloat16 and "avx512_bf16" in flags else 1
+    return torch.get_num_threads() * mhz * 1e6 * 2 * lanes * per_lane * 2
 
 
 def non_embedding_parameters(model) -> int:
@@ -198,6 +205,8 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     if recipe == "seed":
         config = from_dict({"precision": "fp32"}, base=config)
     runtime, dataset, loaded, peft_model = _setup(config, ours=recipe == "loracls")
+    if recipe == "hf_trainer_eager":
+        loaded.model.set_attn_implementation("eager")
     ids = encode(loaded.tokenizer, dataset.train.texts, config.max_length, config.input_template)
     lengths = [len(x) for x in ids]
     groups = _step_groups(config, lengths, steps, grouped=recipe != "seed")
@@ -212,12 +221,13 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     result = {"recipe": recipe, "precision": str(runtime.dtype).replace("torch.", ""), **timing,
               "tokens_per_second": round(tokens_per_second, 1),
               "seconds_per_step": round(timing["seconds"] / max(timing["steps"], 1), 3),
-              "flops_per_token": per_token, "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2)}
+              "flops_per_token": per_token, "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2),
+              "attention": loaded.model.config._attn_implementation}
     import resource
 
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if runtime.device.type == "cpu":
-        result["fma_peak_share"] = round(tokens_per_second * per_token / cpu_fma_peak_flops(), 3)
+        result["fma_peak_share"] = round(tokens_per_second * per_token / cpu_fma_peak_flops(runtime.dtype), 3)
     else:
         result["gpu_peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return result
@@ -327,10 +337,10 @@ def run_full(config: Config, log) -> dict:
 def format_report(report: dict) -> str:
     rounds = f", fastest of {report['repeats']} rounds" if report.get("repeats", 1) > 1 else ""
     lines = [f"bench on {report['cpu']} ({report['threads']} threads), {report['steps']} timed steps per recipe{rounds}",
-             f"{'recipe':<12} {'precision':<9} {'tokens/s':>9} {'s/step':>7} {'peak MB':>8} {'FMA peak':>8} {'full train (proj.)':>18}"]
+             f"{'recipe':<16} {'precision':<9} {'attention':<9} {'tokens/s':>9} {'s/step':>7} {'peak MB':>8} {'FMA peak':>8} {'full train (proj.)':>18}"]
     for name, r in report["recipes"].items():
         share = f"{100 * r['fma_peak_share']:.0f}%" if "fma_peak_share" in r else "-"
-        lines.append(f"{name:<12} {r['precision']:<9} {r['tokens_per_second']:>9.1f} {r['seconds_per_step']:>7.2f} "
+        lines.append(f"{name:<16} {r['precision']:<9} {r.get('attention', '-'):<9} {r['tokens_per_second']:>9.1f} {r['seconds_per_step']:>7.2f} "
                      f"{r.get('gpu_peak_memory_mb', r['peak_rss_mb']):>8.0f} {share:>8} {r['projected_train_minutes']:>14.1f} min")
     for name, ratio in report.get("ratios", {}).items():
         lines.append(f"{name}: {ratio:.2f}x")

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps per recipe (after one warm-up step)")
-    p.add_argument("--recipes", default="loracls,seed,hf_trainer", help="comma-separated: loracls, seed, hf_trainer")
+    p.add_argument("--recipes", default="loracls,seed,hf_trainer", help="comma-separated: loracls, seed, hf_trainer, hf_trainer_eager")
     p.add_argument("--repeats", type=int, default=1, help="alternating rounds; each recipe's fastest is kept")
     p.add_argument("--full", action="store_true",
                    help="also run whole jobs: ours, and HF Trainer's when hf_trainer is among the recipes")
