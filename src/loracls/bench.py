@@ -40,7 +40,8 @@ RECIPES = ("loracls", "seed", "hf_trainer", "hf_trainer_eager")
 def cpu_fma_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s at the precision trained in: cores x clock x 2 FMA pipes x SIMD lanes x 2 (AVX-512 / AVX2 have
     16 / 8 fp32 lanes); bf16 on a CPU with native bf16 (`avx512_bf16`: two bf16 products per fp32 lane and
-    instruction) doubles it. bf16 elsewhere runs through fp32 units, so the fp32 peak applies."""
+    instruction) doubles it. bf16 elsewhere runs through fp32 units, so the fp32 peak applies. AMX tiles
+    (`amx_bf16`) are not counted: on such CPUs the share shown is an upper bound."""
     try:
         with open("/proc/cpuinfo") as fh:
             mhz = max(float(line.split(":")[1]) for line in fh if line.startswith("cpu MHz"))
