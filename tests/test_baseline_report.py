@@ -6,10 +6,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import make_tokenizer, synthetic_frame
-from loracls.baseline import ZeroShotScorer, calibrate, prompt_setup
+from loracls.baselines.zero_shot import ZeroShotScorer, calibrate, prompt_setup
 from loracls.cli import main
 from loracls.config import load_config
-from loracls.env import Runtime
+from loracls.hardware import Runtime
 from loracls.errors import LoraclsError
 
 

@@ -35,7 +35,7 @@ def test_unknown_key_names_the_nearest(tmp_path):
 
 @pytest.mark.parametrize("pair, message", [
     ("r=eight", "r must be int"),
-    ("r=0", "r must be > 0"),
+    ("r=0", "r must be >= 1"),
     ("lora_dropout=1.5", "lora_dropout"),
     ("precision=fp8", "precision must be one of"),
     ("merge=maybe", "merge must be bool"),
@@ -74,3 +74,55 @@ def test_text_values_stay_text():
     assert config.run_name == "123"
     with pytest.raises(LoraclsError, match="must contain {text}"):
         load_config(None, ["input_template=no slot"])
+
+
+FLOAT_FIELDS = ["learning_rate", "lora_alpha", "lora_dropout", "weight_decay", "max_grad_norm"]
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_every_float_field_must_be_finite(name, value, tmp_path):
+    with pytest.raises(LoraclsError, match=f"config: {name} must be"):
+        load_config(None, [f"{name}={value}"])
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{name}: {value}\n")
+    with pytest.raises(LoraclsError, match=f"config: {name} must be"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("lora_alpha=-16", "lora_alpha must be > 0.0"),
+    ("lora_alpha=0", "lora_alpha must be > 0.0"),
+    ("learning_rate=0", "learning_rate must be > 0.0 and <= 10.0"),
+    ("learning_rate=1e6", "learning_rate must be > 0.0 and <= 10.0"),
+    ("max_length=1", "max_length must be >= 8"),
+    ("warmup_steps=-1", "warmup_steps must be >= 0"),
+    ("seed=-3", "seed must be >= 0"),
+    ("train_size=0", "train_size must be >= 1 or null"),
+    ("patience=0", "patience must be >= 1 or null"),
+])
+def test_numbers_out_of_range_are_refused(pair, message):
+    with pytest.raises(LoraclsError, match=message):
+        load_config(None, [pair])
+
+
+def test_every_numeric_field_has_a_range():
+    from loracls.config import FIELDS, NUMBER_RANGES, _TYPES, _base_type
+
+    numeric = {name for name in FIELDS if _base_type(_TYPES[name]) in (int, float)}
+    assert numeric == set(NUMBER_RANGES)
+
+
+@pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "a/b", "..", ".", "a\\b", " padded"])
+def test_run_names_stay_inside_output_dir(name):
+    with pytest.raises(LoraclsError, match="run_name .* must be a plain folder name"):
+        load_config(None, [f"run_name={name}"])
+
+
+def test_config_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes("run_name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(LoraclsError, match=r"not UTF-8 text \(byte 0xe9 at offset 13\)"):
+        load_config(str(path))
+    path.write_bytes(b"\xef\xbb\xbfr: 4\n")  # a UTF-8 BOM is fine
+    assert load_config(str(path)).r == 4

@@ -3,7 +3,9 @@ import torch
 
 from conftest import synthetic_frame
 from loracls.config import load_config
-from loracls.data import collate, length_grouped_batches, load_dataset, read_table
+from loracls.data.batching import collate, length_grouped_batches
+from loracls.data.splits import load_dataset
+from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 
 
@@ -72,7 +74,8 @@ def test_unknown_labels_are_refused(tmp_path):
         load_dataset(config_for(path, labels="[neg, other]"))
     test = frame[:10].assign(label="surprise")
     test.to_csv(tmp_path / "t.csv", index=False)
-    config = load_config(None, [f"data={path}", f"validation_data={path}", f"test_data={tmp_path / 't.csv'}"])
+    config = load_config(None, [f"data={path}", f"validation_data={path}", f"test_data={tmp_path / 't.csv'}",
+                                "allow_overlap=true"])
     with pytest.raises(LoraclsError, match="unknown label.*'surprise'"):
         load_dataset(config)
 
@@ -111,7 +114,7 @@ def test_collate_pads_to_the_longest_in_the_batch():
 
 def test_input_template_wraps_and_truncates_only_the_text():
     from conftest import make_tokenizer
-    from loracls.data import encode
+    from loracls.data.batching import encode
 
     tokenizer = make_tokenizer()
     plain = encode(tokenizer, ["good film"], 32)[0]

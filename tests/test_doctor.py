@@ -5,12 +5,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loracls import doctor
+from loracls import hardware
+from loracls.diagnostics import doctor
 from loracls.cli import main
 from loracls.config import load_config
-from loracls.doctor import FAIL, OK, WARN, DeviceFacts, check_arch, check_matmul, gfx_version, hsa_override_for
+from loracls.compat import FAIL, OK, WARN, check_arch, gfx_version, hsa_override_for
+from loracls.diagnostics.doctor import check_matmul
+from loracls.hardware import DeviceFacts
 from loracls.errors import LoraclsError
-from loracls.pipeline import train
+from loracls.jobs.train import train
 
 
 def test_doctor_on_this_cpu(capsys):
@@ -55,11 +58,11 @@ def test_gather_facts_reads_rocm_properties(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.version, "hip", "6.2.41133")
     monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
-    facts = doctor.gather_facts()
+    facts = hardware.gather_facts()
     assert (facts.backend, facts.device_arch, facts.bf16_supported) == ("rocm", "gfx1032", True)
     assert check_arch(facts).status == FAIL
     monkeypatch.setattr(torch.version, "hip", None)
-    facts = doctor.gather_facts()
+    facts = hardware.gather_facts()
     assert (facts.backend, facts.device_arch) == ("cuda", "sm_103")
 
 
@@ -84,11 +87,11 @@ def test_bitsandbytes_features_refused_on_cpu(tmp_path):
 
 
 def test_train_refuses_a_gpu_the_torch_build_cannot_run(monkeypatch):
-    from loracls import pipeline
-    from loracls.env import Runtime
+    from loracls.hardware import Runtime
+    from loracls.jobs import preflight
 
     facts = DeviceFacts("rocm", "AMD Radeon RX 6600", "gfx1032", ["gfx1030", "gfx1100"])
-    monkeypatch.setattr(pipeline, "gather_facts", lambda: facts)
+    monkeypatch.setattr(preflight, "gather_facts", lambda index=0: facts)
     with pytest.raises(LoraclsError, match="GPU arch: gfx1032 .*HSA_OVERRIDE_GFX_VERSION=10.3.0"):
-        pipeline.check_gpu_arch(Runtime(torch.device("cuda"), torch.bfloat16))
-    pipeline.check_gpu_arch(Runtime(torch.device("cpu"), torch.float32))
+        preflight.check_gpu_arch(Runtime(torch.device("cuda"), torch.bfloat16))
+    preflight.check_gpu_arch(Runtime(torch.device("cpu"), torch.float32))

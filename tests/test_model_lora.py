@@ -5,8 +5,9 @@ from safetensors.torch import load_file, save_file
 
 from conftest import make_tokenizer, write_tiny_model
 from loracls.errors import LoraclsError
-from loracls.lora import apply_lora, check_targets, match_targets
-from loracls.model import classifier_class, fix_special_tokens, is_generic, load_classifier, load_tokenizer
+from loracls.model.lora import apply_lora, check_targets, match_targets
+from loracls.model.classifier import classifier_class, is_generic, load_classifier
+from loracls.model.tokenizer import fix_special_tokens, load_tokenizer
 
 LABELS = {0: "neg", 1: "pos"}
 quiet = lambda *a: None  # noqa: E731
@@ -103,7 +104,7 @@ def test_regex_targets(gemma3_dir):
 
 
 def test_frozen_head_is_refused(gemma3_dir, monkeypatch):
-    import loracls.lora as lora
+    import loracls.model.lora as lora
 
     model = load_classifier(gemma3_dir, LABELS, log=quiet).model
     peft_model, _ = apply_lora(model, 4, 8, 0.0, ["q_proj"], quiet)
@@ -124,7 +125,7 @@ def test_classifier_class_refuses_unknown_types():
 def test_cpu_offload_is_refused():
     from types import SimpleNamespace
 
-    from loracls.model import check_no_offload
+    from loracls.model.classifier import check_no_offload
 
     check_no_offload(SimpleNamespace(hf_device_map={"": 0}))
     check_no_offload(SimpleNamespace())
@@ -134,7 +135,7 @@ def test_cpu_offload_is_refused():
 
 
 def test_hub_id_that_cannot_be_reached_is_one_line(monkeypatch):
-    from loracls.model import resolve_model_dir
+    from loracls.model.source import resolve_model_dir
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(LoraclsError, match="not a local path and the hub is not reachable") as info:

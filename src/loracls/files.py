@@ -1,0 +1,149 @@
+"""Reading and writing files: every write is atomic (temp file + rename, so nothing is ever half-written)
+and keeps the permissions the user's umask asks for; text is read as UTF-8 with one clear line otherwise;
+JSON is written strictly (NaN or Infinity is refused: they make a file invalid JSON)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from loracls.errors import LoraclsError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _temp_file_beside(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plain open() would respect the umask
+    return Path(tmp)
+
+
+def write_file_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+    """`fill(temp_path)` writes the content; the temp file then replaces `path` in one rename."""
+    path = Path(path)
+    tmp = _temp_file_beside(path)
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    write_file_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def json_line(data, indent: int | None = None) -> str:
+    """JSON text without NaN / Infinity (refused with one line: such a file would not be valid JSON)."""
+    try:
+        return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=indent)
+    except ValueError:
+        raise LoraclsError(f"refusing to write a non-finite number (NaN or Infinity) into JSON: "
+                           f"{_first_non_finite(data)}") from None
+
+
+def _first_non_finite(data, where: str = "") -> str:
+    if isinstance(data, float) and not math.isfinite(data):
+        return f"{where or 'value'} = {data}"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, (list, tuple)) else []
+    for key, value in items:
+        found = _first_non_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return ""
+
+
+def write_json(path: Path, data) -> None:
+    write_text(path, json_line(data, indent=2) + "\n")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    write_text(path, "".join(json_line(row) + "\n" for row in rows))
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    line = json_line(row) + "\n"  # checked before the file is touched
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def make_dir(path: Path) -> Path:
+    """A directory with the umask's permissions (its parents too)."""
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def replace_dir(target: Path, fill: Callable[[Path], None]) -> None:
+    """Write a directory through `fill(staging_path)` and swap it in whole."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700
+    old = target.with_name(f".{target.name}.old")
+    try:
+        fill(staging)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """A text file as UTF-8 (a BOM is dropped); anything else is one line naming the offending byte."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LoraclsError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise LoraclsError(f"{what} {path} is a directory, not a file") from None
+    except OSError as exc:
+        raise LoraclsError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise LoraclsError(f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                           f"save it as UTF-8") from None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def read_json(path: Path, what: str = "file"):
+    """Strict JSON (NaN / Infinity refused) from a UTF-8 file, or one line saying what is wrong."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise LoraclsError(f"{what} {path} is not valid JSON ({exc})") from None
+
+
+def read_jsonl(path: Path, what: str = "file") -> list[dict]:
+    rows = []
+    for number, line in enumerate(read_text(path, what).splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line, parse_constant=_refuse_constant))
+            except ValueError as exc:
+                raise LoraclsError(f"{what} {path} line {number} is not valid JSON ({exc})") from None
+    return rows
+
+
+def truncate_lines(path: Path, keep: int) -> None:
+    """Keep the first `keep` lines (a resumed run drops what was logged after its checkpoint)."""
+    if path.is_file():
+        lines = read_text(path).splitlines(keepends=True)
+        write_text(path, "".join(lines[:keep]))

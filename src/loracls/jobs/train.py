@@ -1,0 +1,200 @@
+"""The main job, told top-down as named phases: prepare -> baseline -> fit -> test -> export -> metrics.
+
+Every input check (config, data, model, LoRA targets, device) runs in `_prepare` before the run directory
+is made, so bad input leaves nothing behind. Under torchrun every process runs the job; rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loracls import files, runs
+from loracls.baselines.zero_shot import prompt_setup, run_baseline
+from loracls.config import Config
+from loracls.data.batching import encode
+from loracls.data.splits import Dataset, format_counts, load_dataset
+from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
+from loracls.inference.export import export_merged
+from loracls.jobs.preflight import preflight
+from loracls.metrics import ClassificationMetrics, classification_metrics, format_metrics, prediction_rows
+from loracls.model.classifier import LoadedModel, load_classifier
+from loracls.model.lora import LoraReport, apply_lora
+from loracls.model.scoring import predict_probabilities
+from loracls.model.source import resolve_model_dir
+from loracls.runs import BaselineRecord, BaselineSummary, Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.training import distributed
+from loracls.training.loop import Trainer, TrainResult
+
+
+@dataclass
+class Job:
+    config: Config
+    runtime: Runtime
+    dataset: Dataset
+    model_dir: Path
+    loaded: LoadedModel
+    lora: LoraReport
+    model: torch.nn.Module  # the PEFT model being trained
+    run: Path
+    resumed: bool
+    log: object
+
+
+def train(config: Config | None, log=print, resume: str | None = None) -> Path:
+    """The main job. With `resume`, the run directory's own config and checkpoint are used."""
+    started = time.perf_counter()
+    job = _prepare(config, log, resume)
+    baseline = _baseline(job)
+    result = _fit(job)
+    test_ids = encode(job.loaded.tokenizer, job.dataset.test.texts, job.config.max_length, job.config.input_template)
+    probs = _test_probabilities(job, test_ids)
+    if not distributed.is_main():
+        return job.run
+    test = _write_test(job, probs, result)
+    summary = _model_summary(job)
+    del job.model, job.loaded  # the export starts from the saved adapter
+    export = _export(job, test_ids)
+    metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step),
+                      train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
+                                         result.tokens_per_second, result.mfu),
+                      model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
+                      baseline=None if baseline is None else BaselineSummary(baseline.zero_shot.accuracy,
+                                                                             baseline.calibrated.accuracy),
+                      export=export, data_notes=job.dataset.notes)
+    runs.write_record(job.run / runs.METRICS, metrics)
+    (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
+    _say_done(job, metrics)
+    return job.run
+
+
+# --- the phases -------------------------------------------------------------------------------------
+
+
+def _prepare(config: Config | None, log, resume: str | None) -> Job:
+    """Runtime, data, model and LoRA, all checked; then the run directory (rank 0 writes, all get its path)."""
+    distributed.init_from_environment()
+    log = log if distributed.is_main() else _quiet
+    resume_dir = runs.check_resumable(resume) if resume else None
+    config = runs.read_config(resume_dir) if resume_dir is not None else config
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    runtime.device = distributed.local_device(runtime.device)
+    preflight(config, runtime)
+    dataset = load_dataset(config)
+    log("data: class counts\n" + format_counts(dataset))
+    if config.baseline:
+        prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
+    model_dir = resolve_model_dir(config.model, log)
+    torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
+    loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization)
+    model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
+    encode(loaded.tokenizer, dataset.train.texts[:1], config.max_length, config.input_template)  # room for text?
+    if config.quantization == "none":
+        model.to(runtime.device)
+    if config.data_parallel == "fsdp" and distributed.world_size() > 1:
+        units = distributed.shard_model(model)
+        log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
+    log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
+    run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset)
+    log(f"run directory: {run}")
+    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log)
+
+
+def _new_run(config: Config, runtime: Runtime, dataset: Dataset) -> Path:
+    run = None
+    if distributed.is_main():
+        run = runs.new_run_dir(config.output_dir, config.run_name)
+        runs.write_config(run, config)
+        files.write_json(run / runs.ENV, environment_record(runtime))
+        runs.write_labels(run, dataset.id2label)
+    return distributed.broadcast_object(run)
+
+
+def _baseline(job: Job) -> BaselineRecord | None:
+    """The zero-shot baseline on the test split, before training (a resumed run reads the one it wrote)."""
+    result = None
+    if job.config.baseline and distributed.is_main():
+        if (job.run / runs.BASELINE).is_file():
+            result = runs.read_baseline(job.run)
+        else:
+            test = job.dataset.test
+            result, plain, _ = run_baseline(job.model_dir, job.loaded.tokenizer, test.texts, test.labels,
+                                            job.dataset.id2label, job.config, job.runtime, job.log)
+            files.write_jsonl(job.run / runs.PREDICTIONS / "baseline_test.jsonl",
+                              prediction_rows(test.texts, test.labels, plain, job.dataset.id2label))
+            runs.write_record(job.run / runs.BASELINE, result)
+    distributed.barrier()
+    return result
+
+
+def _fit(job: Job) -> TrainResult:
+    trainer = Trainer(job.model, job.loaded.tokenizer, job.dataset, job.config, job.runtime, job.run, job.log)
+    if job.resumed:
+        trainer.load_checkpoint()
+    result = trainer.fit()
+    job.log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s"
+            + (f" (MFU {100 * result.mfu:.1f}%)" if result.mfu is not None else "")
+            + f"; best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
+    return result
+
+
+def _test_probabilities(job: Job, test_ids: list[list[int]]) -> np.ndarray | None:
+    if distributed.is_sharded(job.model) or distributed.is_main():  # a sharded forward needs every process
+        return predict_probabilities(job.model, test_ids, job.loaded.tokenizer.pad_token_id,
+                                     job.config.eval_batch_size, job.runtime)
+    return None
+
+
+def _write_test(job: Job, probs: np.ndarray, result: TrainResult) -> ClassificationMetrics:
+    test = job.dataset.test
+    metrics = classification_metrics(test.labels, probs, job.dataset.id2label)
+    files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl",
+                      prediction_rows(test.texts, test.labels, probs, job.dataset.id2label))
+    job.log("test:\n" + format_metrics(metrics))
+    return metrics
+
+
+def _model_summary(job: Job) -> ModelSummary:
+    return ModelSummary(source=job.config.model, directory=str(job.model_dir), hidden_size=job.loaded.hidden_size,
+                        parameters=job.loaded.parameters, trainable_parameters=job.lora.trainable,
+                        lora_modules=len(job.lora.matched))
+
+
+def _export(job: Job, test_ids: list[list[int]]):
+    if not job.config.merge:
+        return None
+    return export_merged(job.run, job.model_dir, job.dataset.id2label, test_ids, job.config.eval_batch_size,
+                         job.runtime, job.log, job.config.input_template)
+
+
+def _say_done(job: Job, metrics: Metrics) -> None:
+    if metrics.baseline is not None:
+        job.log(f"side by side on the test split: zero-shot {metrics.baseline.zero_shot_accuracy:.4f}, "
+                f"calibrated {metrics.baseline.calibrated_accuracy:.4f} -> LoRA {metrics.test.accuracy:.4f}")
+    job.log(f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}; "
+            f"metrics in {job.run / runs.METRICS}")
+
+
+def _quiet(*_args, **_kwargs) -> None:
+    pass
+
+
+# --- the zero-shot baseline alone ------------------------------------------------------------------
+
+
+def baseline(config: Config, log=print) -> BaselineRecord:
+    """`loracls baseline`: the zero-shot baseline alone, on the same test split `train` would use."""
+    from loracls.model.tokenizer import load_tokenizer
+
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    dataset = load_dataset(config)
+    log("data: class counts\n" + format_counts(dataset))
+    prompt_setup(config, dataset.id2label)
+    model_dir = resolve_model_dir(config.model, log)
+    result, _, _ = run_baseline(model_dir, load_tokenizer(model_dir, log), dataset.test.texts, dataset.test.labels,
+                                dataset.id2label, config, runtime, log)
+    return result

