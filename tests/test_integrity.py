@@ -184,11 +184,20 @@ def test_files_and_folders_follow_the_umask(tmp_path, umask, file_mode, dir_mode
     old = os.umask(umask)
     try:
         files.write_text(tmp_path / "a.txt", "x")
-        files.replace_dir(tmp_path / "d", lambda staging: (staging / "f").write_text("y"))
+        files.replace_dir(tmp_path / "d", lambda staging: _private_writer(staging / "sub" / "f"))
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == file_mode
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == dir_mode
+    assert stat.S_IMODE((tmp_path / "d" / "sub").stat().st_mode) == dir_mode
+    assert stat.S_IMODE((tmp_path / "d" / "sub" / "f").stat().st_mode) == file_mode
+
+
+def _private_writer(path):
+    """A library that makes its files 0600 whatever the umask (as safetensors does)."""
+    path.parent.mkdir()
+    path.write_text("y")
+    os.chmod(path, 0o600)
 
 
 def test_a_run_directory_follows_the_umask(trained_runs):
@@ -197,7 +206,8 @@ def test_a_run_directory_follows_the_umask(trained_runs):
     run = trained_runs["gemma3"]
     for path in [run, run / "adapter", run / "merged", run / "predictions"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~umask, path
-    for name in ["config.yaml", "labels.json", "metrics.json", "train_log.jsonl", "predictions/test.jsonl"]:
+    for name in ["config.yaml", "labels.json", "metrics.json", "train_log.jsonl", "predictions/test.jsonl",
+                 "adapter/adapter_model.safetensors", "merged/model.safetensors"]:
         assert stat.S_IMODE((run / name).stat().st_mode) == 0o666 & ~umask, name
 
 

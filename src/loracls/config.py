@@ -66,6 +66,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     threads: int | None = None  # CPU threads; None: all cores
+    deterministic: bool = False  # bit-for-bit repeatable GPU runs (torch's deterministic algorithms; slower)
     data_parallel: str = "ddp"  # with several processes: ddp (whole model on each) | fsdp (weights sharded, FSDP2)
     # --- output ---
     output_dir: str = "runs"

@@ -84,14 +84,28 @@ def make_dir(path: Path) -> Path:
     return path
 
 
+def _apply_umask(directory: Path) -> None:
+    """Give everything under `directory` the umask's permissions: mkdtemp makes 0700, and some writers
+    (safetensors) make their files 0600 whatever the umask."""
+    mask = _umask()
+    os.chmod(directory, 0o777 & ~mask)
+    for root, folders, names in os.walk(directory):
+        for folder in folders:
+            os.chmod(Path(root) / folder, 0o777 & ~mask)
+        for name in names:
+            path = Path(root) / name
+            if not path.is_symlink():
+                os.chmod(path, 0o666 & ~mask)
+
+
 def replace_dir(target: Path, fill: Callable[[Path], None]) -> None:
     """Write a directory through `fill(staging_path)` and swap it in whole."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700
     old = target.with_name(f".{target.name}.old")
     try:
         fill(staging)
+        _apply_umask(staging)
         if target.exists():
             os.replace(target, old)
         os.replace(staging, target)

@@ -139,8 +139,17 @@ def precision_reason(runtime: Runtime, requested: str) -> str:
     return f"{name} ({runtime.device.type} default)"
 
 
-def setup_runtime(device: str, precision: str, threads: int | None) -> Runtime:
+def make_deterministic() -> None:
+    """torch's deterministic algorithms (GPU atomics otherwise make two runs differ in the last bits)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any GPU work
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
+def setup_runtime(device: str, precision: str, threads: int | None, deterministic: bool = False) -> Runtime:
     torch.set_num_threads(threads or os.cpu_count() or 1)
+    if deterministic:
+        make_deterministic()
     chosen = choose_device(device)
     return Runtime(device=chosen, dtype=choose_dtype(precision, chosen))
 

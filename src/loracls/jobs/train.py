@@ -81,7 +81,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     log = log if distributed.is_main() else _quiet
     resume_dir = runs.check_resumable(resume) if resume else None
     config = runs.read_config(resume_dir) if resume_dir is not None else config
-    runtime = setup_runtime(config.device, config.precision, config.threads)
+    runtime = setup_runtime(config.device, config.precision, config.threads, config.deterministic)
     runtime.device = distributed.local_device(runtime.device)
     preflight(config, runtime)
     dataset = load_dataset(config)
