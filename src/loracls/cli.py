@@ -47,7 +47,7 @@ def cmd_evaluate(args) -> None:
     from loracls.inference.loaded import evaluate
     from loracls.runs import to_dict
 
-    print(json_line(to_dict(evaluate(args.run, args.data, log))))
+    print(json_line(to_dict(evaluate(args.run, args.data, log, args.batch_size))))
 
 
 def cmd_predict(args) -> None:
@@ -59,11 +59,20 @@ def cmd_predict(args) -> None:
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
     run = runs.check_run_dir(args.run)
     texts = args.text or read_texts(args.file, runs.read_config(run).text_column)
-    rows = predict(args.run, texts, log)
+    rows = predict(args.run, texts, log, args.batch_size)
     if args.out:
         files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
     else:
         sys.stdout.write("".join(files.json_line(row) + "\n" for row in rows))
+
+
+def cmd_serve(args) -> None:
+    from loracls.inference.engine import Classifier
+    from loracls.inference.server import serve
+
+    classifier = Classifier(args.run, log, args.max_batch_size)
+    serve(classifier, args.host, args.port, args.max_batch_size, args.max_wait_ms, args.max_queue,
+          args.max_body_bytes, log)
 
 
 def cmd_modules(args) -> None:
@@ -140,6 +149,16 @@ def cmd_report(args) -> None:
     print(write_report(args.run))
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="metrics of a finished run on its test split or another file")
     p.add_argument("run")
     p.add_argument("--data", help="labelled CSV/JSONL/Parquet with the run's text and label columns")
+    p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("predict", help="predict labels with a finished run (JSONL out)")
@@ -189,7 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", action="append", help="a text to classify (repeatable)")
     p.add_argument("--file", help=".txt (one text a line) or CSV/JSONL/Parquet with the text column")
     p.add_argument("--out", help="write JSONL here instead of stdout")
+    p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("serve", help="serve a run over HTTP (vLLM /classify and TEI /predict shapes)")
+    p.add_argument("run", help="a finished run directory or a merged model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (the one taken is printed)")
+    p.add_argument("--max-batch-size", type=_positive, default=64, help="texts per forward pass")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first text waits for others")
+    p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 503 + Retry-After")
+    p.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20, help="larger request bodies get 413")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("modules", help="list a model's LoRA-able modules and what patterns match")
     p.add_argument("model", help="HF directory, .gguf, hub id, or embedded:gemma3-270m")

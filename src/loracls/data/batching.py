@@ -10,7 +10,13 @@ import torch
 from loracls.errors import LoraclsError
 
 def encode(tokenizer, texts: list[str], max_length: int, template: str | None = None) -> list[list[int]]:
-    """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch).
+    """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch)."""
+    return encode_with_truncation(tokenizer, texts, max_length, template)[0]
+
+
+def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
+                           template: str | None = None) -> tuple[list[list[int]], list[bool]]:
+    """(token ids, whether each text was cut to fit max_length).
 
     With a template (`"Movie review: {text}\nSentiment:"`) the text is placed inside it; when too long the
     text is shortened, never the template, so the pooled last token stays the template's last token.
@@ -22,10 +28,17 @@ def encode(tokenizer, texts: list[str], max_length: int, template: str | None = 
                                f"{overhead - 2} tokens; raise max_length or shorten the template")
         budget = max_length - overhead
         pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        truncated = [len(ids) > budget for ids in pieces]
         texts = [template.replace("{text}", t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
                  for t, ids in zip(texts, pieces)]
+        out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
+        return [list(ids) for ids in out], truncated
+    full = tokenizer(texts, padding=False)["input_ids"]
+    truncated = [len(ids) > max_length for ids in full]
+    if not any(truncated):
+        return [list(ids) for ids in full], truncated
     out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
-    return [list(ids) for ids in out]
+    return [list(ids) for ids in out], truncated
 
 
 def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, mega: int = 50) -> list[list[int]]:

@@ -31,7 +31,7 @@ def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> 
 
 
 def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], batch_size: int,
-                  runtime, log=print, input_template: str | None = None) -> ExportCheck:
+                  runtime, log=print, input_template: str | None = None, max_length: int = 512) -> ExportCheck:
     """Saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged -> same predictions.
 
     Starting from the saved adapter also proves the adapter directory is complete, and works the same
@@ -51,8 +51,8 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         loaded.tokenizer.save_pretrained(staging)
         if generic:
             write_generic_module(staging, type(merged))
-        if input_template is not None:  # callers must format their texts the same way
-            files.write_json(staging / INPUT_FORMAT, {"input_template": input_template})
+        # how callers must format their texts: the template (if any) and the length trained with
+        files.write_json(staging / INPUT_FORMAT, {"input_template": input_template, "max_length": max_length})
 
     files.replace_dir(run / runs.MERGED, fill)
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)

@@ -168,7 +168,7 @@ def _export(job: Job, test_ids: list[list[int]]):
     if not job.config.merge:
         return None
     return export_merged(job.run, job.model_dir, job.dataset.id2label, test_ids, job.config.eval_batch_size,
-                         job.runtime, job.log, job.config.input_template)
+                         job.runtime, job.log, job.config.input_template, job.config.max_length)
 
 
 def _say_done(job: Job, metrics: Metrics) -> None:

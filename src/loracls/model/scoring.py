@@ -1,27 +1,48 @@
-"""Scoring: class probabilities for tokenized texts, in length-sorted batches (little padding)."""
+"""Scoring: class logits / probabilities for tokenized texts, in length-sorted batches (little padding)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from loracls.data.batching import collate, sorted_batches
 
+PROGRESS_FROM = 2000  # texts: below this a progress bar is noise
+
 
 @torch.inference_mode()
-def predict_probabilities(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime) -> np.ndarray:
-    """Softmax probabilities [n, num_labels] in the input order."""
+def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False) -> np.ndarray:
+    """Logits [n, num_labels] (float32) in the input order; a progress bar with texts/s on long inputs."""
     was_training = model.training
     model.eval()
     out = None
+    bar = tqdm(total=len(ids), unit="text", desc="predict", file=sys.stderr, mininterval=1.0,
+               disable=not progress or len(ids) < PROGRESS_FROM)
     for batch_indices in sorted_batches([len(x) for x in ids], batch_size):
         batch = collate([ids[i] for i in batch_indices], pad_id)
         with runtime.autocast:
             logits = model(input_ids=batch["input_ids"].to(runtime.device),
                            attention_mask=batch["attention_mask"].to(runtime.device)).logits
-        probs = torch.softmax(logits.float(), dim=-1).cpu().numpy()
+        logits = logits.float().cpu().numpy()
         if out is None:
-            out = np.zeros((len(ids), probs.shape[1]), dtype=np.float64)
-        out[batch_indices] = probs
+            out = np.zeros((len(ids), logits.shape[1]), dtype=np.float32)
+        out[batch_indices] = logits
+        bar.update(len(batch_indices))
+    bar.close()
     model.train(was_training)
-    return out if out is not None else np.zeros((0, 0))
+    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities (float64) from float32 logits, computed as torch computes them."""
+    return torch.softmax(torch.from_numpy(logits), dim=-1).numpy().astype(np.float64)
+
+
+def predict_probabilities(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime,
+                          progress: bool = False) -> np.ndarray:
+    """Softmax probabilities [n, num_labels] (float64) in the input order."""
+    logits = predict_logits(model, ids, pad_id, batch_size, runtime, progress)
+    return softmax(logits) if len(logits) else np.zeros((0, 0))

@@ -1,0 +1,101 @@
+"""The classifier in use, loaded once for the fastest inference: a finished run directory (its merged/
+model when present, else base + adapter merged in memory) or a merged model directory. No PEFT wrapper,
+weights stored in the compute precision chosen as in training, length-sorted batches. `predict`,
+`evaluate` and `serve` all go through it, so they compute the same probabilities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loracls import files, runs
+from loracls.data.batching import encode_with_truncation
+from loracls.errors import LoraclsError, first_line
+from loracls.hardware import setup_runtime
+from loracls.inference.export import INPUT_FORMAT
+from loracls.model.classifier import load_classifier, load_standalone
+from loracls.model.scoring import predict_logits, softmax
+from loracls.model.source import resolve_model_dir
+from loracls.model.tokenizer import load_tokenizer
+from loracls.training.speedups import store_frozen_linears_in
+
+
+@dataclass
+class Encoded:
+    ids: list[list[int]]
+    truncated: list[bool]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.ids)
+
+
+class Classifier:
+    def __init__(self, path: str, log=print, batch_size: int | None = None):
+        source = Path(path)
+        if (source / runs.CONFIG).is_file() and (source / runs.LABELS).is_file():
+            self._from_run(source, log)
+        elif (source / "config.json").is_file():
+            self._from_merged(source, log)
+        else:
+            raise LoraclsError(f"{path} is neither a finished loracls run directory nor a merged model directory")
+        self.batch_size = batch_size or self.batch_size
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        store_frozen_linears_in(self.model, self.runtime.dtype)  # no per-batch cast under autocast
+        self.model.to(self.runtime.device).eval()
+        self.labels = [self.id2label[i] for i in range(len(self.id2label))]
+
+    def _from_run(self, run: Path, log) -> None:
+        runs.check_run_dir(str(run))
+        config = runs.read_config(run)
+        self.name, self.id2label = run.name, runs.read_labels(run)
+        self.max_length, self.input_template = config.max_length, config.input_template
+        self.batch_size = config.eval_batch_size
+        self.runtime = setup_runtime(config.device, config.precision, config.threads)
+        merged = run / runs.MERGED
+        if (merged / "config.json").is_file():
+            self.model, self.tokenizer = load_standalone(merged), load_tokenizer(merged, log)
+            self.source = str(merged)
+            return
+        from peft import PeftModel
+
+        loaded = load_classifier(resolve_model_dir(config.model, log), self.id2label, log=log)
+        try:
+            adapter = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER))
+        except Exception as exc:  # a damaged or foreign adapter directory
+            raise LoraclsError(f"cannot load the adapter in {run / runs.ADAPTER}: {first_line(exc, 200)}") from None
+        self.model, self.tokenizer = adapter.merge_and_unload(), loaded.tokenizer
+        self.source = f"{config.model} + {run / runs.ADAPTER} (merged in memory)"
+
+    def _from_merged(self, directory: Path, log) -> None:
+        try:
+            self.model = load_standalone(directory)
+        except Exception as exc:
+            raise LoraclsError(f"cannot load {directory} as a sequence classifier: {first_line(exc, 200)}") from None
+        self.tokenizer = load_tokenizer(directory, log)
+        self.name, self.source = directory.name, str(directory)
+        self.id2label = {int(i): str(name) for i, name in self.model.config.id2label.items()}
+        fmt = files.read_json(directory / INPUT_FORMAT, "model file") if (directory / INPUT_FORMAT).is_file() else {}
+        fmt = runs.parse_record(dict[str, str | int | None], fmt, str(directory / INPUT_FORMAT))
+        self.input_template = fmt.get("input_template")
+        self.max_length = int(fmt.get("max_length") or 512)
+        self.batch_size = 32
+        self.runtime = setup_runtime("auto", "auto", None)
+
+    @property
+    def precision(self) -> str:
+        return str(self.runtime.dtype).replace("torch.", "")
+
+    def encode(self, texts: list[str]) -> Encoded:
+        ids, truncated = encode_with_truncation(self.tokenizer, texts, self.max_length, self.input_template)
+        return Encoded(ids, truncated)
+
+    def logits(self, ids: list[list[int]], progress: bool = False) -> np.ndarray:
+        return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress)
+
+    def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
+        return softmax(self.logits(self.encode(texts).ids, progress))
+

@@ -1,0 +1,239 @@
+"""`loracls serve`: the classifier over HTTP in the shapes clients already speak, so a client written for
+vLLM or text-embeddings-inference works unchanged:
+
+- `POST /classify` (vLLM): `{"model", "input": str | [str]}` -> `{"id", "object", "created", "model",
+  "data": [{"index", "label", "probs", "num_classes"}], "usage": {...}}`
+- `POST /predict` (TEI): `{"inputs": str | [str], "raw_scores", "truncate"}` -> `[{"label", "score"}, ...]`
+  sorted by score (a list of such lists for a list of inputs)
+- `GET /health`, `GET /info`, `GET /metrics` (Prometheus text format)
+
+Texts longer than max_length are truncated exactly as in training (`usage.truncated_inputs`, and the
+`X-Truncated-Inputs` header on /predict); TEI's `"truncate": false` turns that into a 413 instead. Errors are
+JSON (`{"error", "error_type"}`) and the server keeps serving: 422 bad input, 413 too large, 503 (with
+Retry-After) when more texts are queued than `max_queue`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, field_validator
+
+from loracls.errors import first_line
+from loracls.inference.batcher import Batcher, Overloaded
+from loracls.model.scoring import softmax
+
+TextOrTexts = str | list[str]
+
+
+def _check_texts(value):
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise ValueError("no text given")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"text {i} is empty")
+    return value
+
+
+class ClassifyRequest(BaseModel):
+    model: str | None = None
+    input: TextOrTexts
+
+    @field_validator("input")
+    @classmethod
+    def check_input(cls, value):
+        return _check_texts(value)
+
+
+class PredictRequest(BaseModel):
+    inputs: TextOrTexts
+    raw_scores: bool = False
+    truncate: bool | None = None  # TEI's default is false; unset here means: truncate as in training
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        return _check_texts(value)
+
+
+def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
+
+
+class _Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("loracls_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.texts = Counter("loracls_texts", "texts classified", registry=self.registry)
+        self.batch_size = Histogram("loracls_batch_size", "texts per forward pass", registry=self.registry,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self.latency = Histogram("loracls_request_latency_seconds", "request latency", ["route"], registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.queued = Gauge("loracls_queued_texts", "texts waiting or in the model", registry=self.registry)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets a JSON 413 before any of it is parsed."""
+
+    class _TooLarge(Exception):
+        pass
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = error(413, "PayloadTooLarge", f"request body over {self.limit} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_large(scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise BodyLimit._TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except BodyLimit._TooLarge:
+            await too_large(scope, receive, send)
+
+
+def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, max_queue: int = 4096,
+               max_body_bytes: int = 4 * 2**20) -> FastAPI:
+    metrics = _Metrics()
+    batcher = Batcher(classifier.logits, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
+    metrics.queued.set_function(lambda: batcher.queued_texts)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        yield
+        await batcher.stop()  # after the server stopped accepting: what is in flight is answered
+
+    app = FastAPI(title="loracls", lifespan=lifespan)
+    app.state.batcher, app.state.metrics = batcher, metrics
+    _routes(app, classifier, batcher, metrics)
+    _error_handlers(app)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.url.path
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    return BodyLimit(app, max_body_bytes)
+
+
+async def _logits(classifier, batcher: Batcher, texts: list[str], metrics):
+    encoded = classifier.encode(texts)
+    logits = await batcher.submit(encoded.ids)
+    metrics.texts.inc(len(texts))
+    return encoded, logits
+
+
+def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
+    labels = classifier.labels
+
+    @app.post("/classify")
+    async def classify(body: ClassifyRequest):
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        encoded, logits = await _logits(classifier, batcher, texts, metrics)
+        probs = softmax(logits)
+        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                "model": classifier.name,
+                "data": [{"index": i, "label": labels[int(row.argmax())], "probs": [float(p) for p in row],
+                          "num_classes": len(labels)} for i, row in enumerate(probs)],
+                "usage": {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens, "completion_tokens": 0,
+                          "prompt_tokens_details": None, "truncated_inputs": sum(encoded.truncated),
+                          "max_length": classifier.max_length}}
+
+    @app.post("/predict")
+    async def predict(body: PredictRequest):
+        single = isinstance(body.inputs, str)
+        texts = [body.inputs] if single else body.inputs
+        encoded = classifier.encode(texts)
+        if body.truncate is False and any(encoded.truncated):
+            first = encoded.truncated.index(True)
+            return error(413, "Validation", f"input {first} is longer than max_length {classifier.max_length} "
+                                            f"tokens and truncate is false")
+        logits = await batcher.submit(encoded.ids)
+        metrics.texts.inc(len(texts))
+        scores = logits if body.raw_scores else softmax(logits)
+        rows = [sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
+                for row in np.asarray(scores)]
+        return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(sum(encoded.truncated))})
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def info():
+        return {"model": classifier.name, "source": classifier.source, "labels": labels,
+                "max_length": classifier.max_length, "input_template": classifier.input_template,
+                "precision": classifier.precision, "device": str(classifier.runtime.device),
+                "max_batch_size": batcher.max_batch_size, "max_wait_ms": batcher.max_wait * 1000,
+                "max_queue": batcher.max_queue}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        problem = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in problem.get("loc", ()) if p != "body")
+        return error(422, "Validation", f"{where}: {problem.get('msg')}" if where else str(problem.get("msg")))
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, exc: Overloaded):
+        return error(503, "Overloaded", f"server busy: {exc}; retry later", headers={"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        return error(500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
+
+
+def serve(classifier, host: str, port: int, max_batch_size: int, max_wait_ms: float, max_queue: int,
+          max_body_bytes: int, log=print) -> None:
+    """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
+    import signal
+    import socket
+
+    import uvicorn
+
+    app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))  # bound here so that port 0 gives a free port we can print
+    bound = sock.getsockname()[1]
+    log(f"serve: {classifier.name} ({', '.join(classifier.labels)}) on {classifier.runtime.device}, "
+        f"{classifier.precision}; listening on http://{host}:{bound} (max batch {max_batch_size}, "
+        f"max wait {max_wait_ms:g} ms)")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
+    # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handlers it
+    # found: with these no-op ones that second raise ends nothing, and `serve` returns (exit code 0)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=[sock])
+    log("serve: stopped; requests in flight were answered")
