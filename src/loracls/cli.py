@@ -75,6 +75,24 @@ def cmd_serve(args) -> None:
           args.max_body_bytes, log)
 
 
+def cmd_export(args) -> None:
+    from loracls.files import json_line
+    from loracls.runs import to_dict
+
+    if args.format == "onnx":
+        from loracls.inference.onnx_export import export_onnx
+
+        if args.dtype != "fp32":
+            raise LoraclsError("export --format onnx writes fp32 (checked against PyTorch in fp32); drop --dtype")
+        print(json_line(export_onnx(args.run, args.out, log)))
+        return
+    from loracls.inference.export import remerge
+
+    if args.out:
+        raise LoraclsError("export --format merged writes RUN/merged; --out is for onnx")
+    print(json_line(to_dict(remerge(args.run, args.dtype, log))))
+
+
 def cmd_modules(args) -> None:
     import torch
     from transformers import AutoConfig
@@ -221,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 503 + Retry-After")
     p.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20, help="larger request bodies get 413")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("export", help="export a run: ONNX (checked with onnxruntime) or the merged model again")
+    p.add_argument("run")
+    p.add_argument("--format", choices=["onnx", "merged"], required=True)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="merged weights (bf16: half the size)")
+    p.add_argument("--out", help="onnx: the folder to write (default RUN/onnx)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("modules", help="list a model's LoRA-able modules and what patterns match")
     p.add_argument("model", help="HF directory, .gguf, hub id, or embedded:gemma3-270m")

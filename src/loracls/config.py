@@ -72,6 +72,7 @@ class Config:
     output_dir: str = "runs"
     run_name: str | None = None
     merge: bool = True  # write the merged standalone model and check it against the adapter
+    merge_dtype: str = "fp32"  # fp32 | bf16 (half the size; checked at bf16's tolerance)
     # --- zero-shot baseline (scored on the test split before training) ---
     baseline: bool = True
     prompt_template: str | None = None  # must hold {text}; may hold {choices}
@@ -86,7 +87,7 @@ class Config:
         choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
                    "scheduler": ("cosine", "linear", "constant"),
                    "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
-                   "data_parallel": ("ddp", "fsdp")}
+                   "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

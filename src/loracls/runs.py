@@ -85,6 +85,7 @@ class ExportCheck:
     disagreements: int
     disagreements_beyond_ties: int
     max_probability_difference: float
+    dtype: str = "fp32"  # of the merged weights
 
 
 @dataclass

@@ -33,12 +33,13 @@ class Encoded:
 
 
 class Classifier:
-    def __init__(self, path: str, log=print, batch_size: int | None = None):
+    def __init__(self, path: str, log=print, batch_size: int | None = None, device: str | None = None,
+                 precision: str | None = None):
         source = Path(path)
         if (source / runs.CONFIG).is_file() and (source / runs.LABELS).is_file():
-            self._from_run(source, log)
+            self._from_run(source, log, device, precision)
         elif (source / "config.json").is_file():
-            self._from_merged(source, log)
+            self._from_merged(source, log, device, precision)
         else:
             raise LoraclsError(f"{path} is neither a finished loracls run directory nor a merged model directory")
         self.batch_size = batch_size or self.batch_size
@@ -48,13 +49,13 @@ class Classifier:
         self.model.to(self.runtime.device).eval()
         self.labels = [self.id2label[i] for i in range(len(self.id2label))]
 
-    def _from_run(self, run: Path, log) -> None:
+    def _from_run(self, run: Path, log, device: str | None, precision: str | None) -> None:
         runs.check_run_dir(str(run))
         config = runs.read_config(run)
         self.name, self.id2label = run.name, runs.read_labels(run)
         self.max_length, self.input_template = config.max_length, config.input_template
         self.batch_size = config.eval_batch_size
-        self.runtime = setup_runtime(config.device, config.precision, config.threads)
+        self.runtime = setup_runtime(device or config.device, precision or config.precision, config.threads)
         merged = run / runs.MERGED
         if (merged / "config.json").is_file():
             self.model, self.tokenizer = load_standalone(merged), load_tokenizer(merged, log)
@@ -70,7 +71,7 @@ class Classifier:
         self.model, self.tokenizer = adapter.merge_and_unload(), loaded.tokenizer
         self.source = f"{config.model} + {run / runs.ADAPTER} (merged in memory)"
 
-    def _from_merged(self, directory: Path, log) -> None:
+    def _from_merged(self, directory: Path, log, device: str | None, precision: str | None) -> None:
         try:
             self.model = load_standalone(directory)
         except Exception as exc:
@@ -83,7 +84,7 @@ class Classifier:
         self.input_template = fmt.get("input_template")
         self.max_length = int(fmt.get("max_length") or 512)
         self.batch_size = 32
-        self.runtime = setup_runtime("auto", "auto", None)
+        self.runtime = setup_runtime(device or "auto", precision or "auto", None)
 
     @property
     def precision(self) -> str:

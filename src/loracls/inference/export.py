@@ -15,35 +15,40 @@ from loracls.model.classifier import is_generic, load_classifier, load_standalon
 from loracls.model.scoring import predict_probabilities
 from loracls.runs import ExportCheck
 
-TIE_MARGIN = 1e-3  # predictions may differ only where the adapter's top two classes are this close
+# predictions may differ only where the adapter's top two classes are this close: in fp32 the merge changes
+# nothing but rounding; bf16 weights (8 bits of mantissa) move probabilities by up to about a percent
+TIE_MARGINS = {"fp32": 1e-3, "bf16": 5e-2}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 INPUT_FORMAT = "loracls_input.json"  # the merged model's input template, for callers
 
 
-def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray) -> ExportCheck:
+def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray, dtype: str = "fp32") -> ExportCheck:
     """Predictions must be equal; a disagreement counts only where the adapter was not at a tie."""
     differ = adapter_probs.argmax(1) != merged_probs.argmax(1)
     top2 = np.sort(adapter_probs, axis=1)[:, -2:]
-    real = differ & ((top2[:, 1] - top2[:, 0]) > TIE_MARGIN)
+    real = differ & ((top2[:, 1] - top2[:, 0]) > TIE_MARGINS[dtype])
     gap = float(np.abs(adapter_probs - merged_probs).max()) if len(adapter_probs) else 0.0
     return ExportCheck(examples=int(len(adapter_probs)), predictions_equal=bool(not real.any() and np.isfinite(gap)),
                        disagreements=int(differ.sum()), disagreements_beyond_ties=int(real.sum()),
-                       max_probability_difference=gap)
+                       max_probability_difference=gap, dtype=dtype)
 
 
-def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], batch_size: int,
-                  runtime, log=print, input_template: str | None = None, max_length: int = 512) -> ExportCheck:
-    """Saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged -> same predictions.
+def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], config, runtime,
+                  log=print) -> ExportCheck:
+    """Saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged (weights in
+    `config.merge_dtype`) -> same predictions.
 
     Starting from the saved adapter also proves the adapter directory is complete, and works the same
     after QLoRA (the merge goes into unquantized weights). Both sides are computed in fp32 without
-    autocast: the check is that the two compute the same function, not how a low-precision matmul
-    rounds W x + B A x versus (W + B A) x.
+    autocast: the check is that the two compute the same function (up to the saved weights' rounding in
+    bf16), not how a low-precision matmul rounds W x + B A x versus (W + B A) x.
     """
+    batch_size, dtype = config.eval_batch_size, config.merge_dtype
     exact = Runtime(runtime.device, torch.float32)
     loaded = load_classifier(model_dir, id2label, log=lambda *_: None)
     peft_model = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER)).to(runtime.device)
     adapter_probs = predict_probabilities(peft_model, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
-    merged = peft_model.merge_and_unload()
+    merged = peft_model.merge_and_unload().to(DTYPES[dtype])
     generic = is_generic(type(merged))
 
     def fill(staging: Path) -> None:
@@ -52,15 +57,40 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         if generic:
             write_generic_module(staging, type(merged))
         # how callers must format their texts: the template (if any) and the length trained with
-        files.write_json(staging / INPUT_FORMAT, {"input_template": input_template, "max_length": max_length})
+        files.write_json(staging / INPUT_FORMAT, {"input_template": config.input_template,
+                                                  "max_length": config.max_length})
 
     files.replace_dir(run / runs.MERGED, fill)
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)
     merged_probs = predict_probabilities(standalone, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
-    check = compare_predictions(adapter_probs, merged_probs)
+    check = compare_predictions(adapter_probs, merged_probs, dtype)
     if not check.predictions_equal:
         raise LoraclsError(f"the merged model disagrees with the adapter on {check.disagreements_beyond_ties} of "
                            f"{check.examples} test examples; {run / runs.MERGED} is not a faithful export")
-    log(f"export: merged model in {run / runs.MERGED}; test predictions equal the adapter's "
-        f"(fp32, max probability difference {check.max_probability_difference:.2e})")
+    log(f"export: merged model ({dtype} weights) in {run / runs.MERGED}; test predictions equal the adapter's "
+        f"(computed in fp32, max probability difference {check.max_probability_difference:.2e})")
+    return check
+
+
+def remerge(run_path: str, dtype: str, log=print) -> ExportCheck:
+    """`loracls export RUN --format merged --dtype D`: write run/merged again with weights in D, checked like
+    the train job's export; metrics.json's export record is updated."""
+    from loracls.config import from_dict
+    from loracls.data.batching import encode
+    from loracls.data.splits import load_dataset
+    from loracls.hardware import setup_runtime
+    from loracls.model.source import resolve_model_dir
+
+    run = runs.check_run_dir(run_path)
+    config = from_dict({"merge_dtype": dtype}, base=runs.read_config(run))
+    id2label = runs.read_labels(run)
+    metrics = runs.read_metrics(run) if (run / runs.METRICS).is_file() else None
+    model_dir = resolve_model_dir(config.model, log)
+    loaded = load_classifier(model_dir, id2label, log=lambda *_: None)
+    ids = encode(loaded.tokenizer, load_dataset(config).test.texts, config.max_length, config.input_template)
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    check = export_merged(run, model_dir, id2label, ids, config, runtime, log)
+    if metrics is not None:
+        metrics.export = check
+        runs.write_record(run / runs.METRICS, metrics)
     return check

@@ -167,8 +167,7 @@ def _model_summary(job: Job) -> ModelSummary:
 def _export(job: Job, test_ids: list[list[int]]):
     if not job.config.merge:
         return None
-    return export_merged(job.run, job.model_dir, job.dataset.id2label, test_ids, job.config.eval_batch_size,
-                         job.runtime, job.log, job.config.input_template, job.config.max_length)
+    return export_merged(job.run, job.model_dir, job.dataset.id2label, test_ids, job.config, job.runtime, job.log)
 
 
 def _say_done(job: Job, metrics: Metrics) -> None:

@@ -1,0 +1,114 @@
+"""`loracls export RUN --format onnx`: the merged classifier as an ONNX file (torch's dynamo exporter, dynamic
+batch and sequence length), checked with onnxruntime against PyTorch on the run's test split: the largest
+probability difference, label agreement, and both CPU throughputs measured side by side. A model the
+exporter cannot handle is refused with one line naming the exporter's error; nothing is left behind."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loracls import files, runs
+from loracls.data.batching import collate, sorted_batches
+from loracls.data.splits import load_dataset
+from loracls.errors import LoraclsError, first_line
+from loracls.inference.engine import Classifier
+from loracls.inference.export import INPUT_FORMAT
+from loracls.model.scoring import predict_logits, softmax
+
+ONNX_DIR = "onnx"
+MATCH_TOLERANCE = 1e-3  # max probability difference accepted between onnxruntime and PyTorch (both fp32)
+
+
+class _Logits(torch.nn.Module):
+    """input_ids, attention_mask -> logits (no KV cache in the outputs: the exporter cannot carry it)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def _require_onnx():
+    try:
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        raise LoraclsError("export --format onnx needs: pip install onnx onnxscript onnxruntime") from None
+
+
+def _export(model, example: dict, target: Path) -> None:
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    try:
+        program = torch.onnx.export(_Logits(model).eval(), (), kwargs=example, dynamo=True, dynamic_shapes=shapes,
+                                    input_names=["input_ids", "attention_mask"], output_names=["logits"], verbose=False)
+        program.save(str(target), external_data=True)
+    except Exception as exc:
+        raise LoraclsError(f"the ONNX exporter (torch {torch.__version__}) cannot export this model: "
+                           f"{type(exc).__name__}: {first_line(exc, 240)}") from None
+
+
+def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
+    out = None
+    for indices in sorted_batches([len(x) for x in ids], batch_size):
+        batch = collate([ids[i] for i in indices], pad_id)
+        logits = session.run(None, {k: v.numpy() for k, v in batch.items()})[0]
+        if out is None:
+            out = np.zeros((len(ids), logits.shape[1]), dtype=np.float32)
+        out[indices] = logits
+    return out
+
+
+def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
+    _require_onnx()
+    import onnxruntime
+
+    run = runs.check_run_dir(run_path)
+    config = runs.read_config(run)
+    target = Path(out) if out else run / ONNX_DIR
+    if target.exists() and any(target.iterdir()):
+        raise LoraclsError(f"{target} already exists and is not empty")
+    classifier = Classifier(run_path, log, device="cpu", precision="fp32")  # exported and checked in fp32 on the CPU
+    test = load_dataset(config).test
+    ids = classifier.encode(test.texts).ids
+    pad = classifier.tokenizer.pad_token_id
+    example = collate(ids[:2], pad)
+    log(f"export: tracing {classifier.name} for ONNX (torch.onnx dynamo exporter) ...")
+
+    def fill(staging: Path) -> None:
+        _export(classifier.model, example, staging / "model.onnx")
+        classifier.tokenizer.save_pretrained(staging)
+        files.write_json(staging / INPUT_FORMAT, {"input_template": classifier.input_template,
+                                                  "max_length": classifier.max_length})
+        files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
+
+    files.replace_dir(target, fill)
+    session = onnxruntime.InferenceSession(str(target / "model.onnx"), providers=["CPUExecutionProvider"])
+    started = time.perf_counter()
+    torch_logits = predict_logits(classifier.model, ids, pad, classifier.batch_size, classifier.runtime)
+    torch_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    onnx_logits = _onnx_logits(session, ids, pad, classifier.batch_size)
+    onnx_seconds = time.perf_counter() - started
+    a, b = softmax(torch_logits), softmax(onnx_logits)
+    check = {"format": "onnx", "file": str(target / "model.onnx"), "examples": len(ids),
+             "max_probability_difference": float(np.abs(a - b).max()),
+             "label_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+             "torch_texts_per_second": len(ids) / torch_seconds, "onnxruntime_texts_per_second": len(ids) / onnx_seconds}
+    files.write_json(target / "export_check.json", check)
+    log(f"export: {target / 'model.onnx'}; on {len(ids)} test texts onnxruntime vs PyTorch (fp32, CPU): max "
+        f"probability difference {check['max_probability_difference']:.2e}, labels agree on "
+        f"{100 * check['label_agreement']:.2f}%; {check['onnxruntime_texts_per_second']:.1f} vs "
+        f"{check['torch_texts_per_second']:.1f} texts/s")
+    if check["max_probability_difference"] > MATCH_TOLERANCE:
+        shutil.rmtree(target, ignore_errors=True)
+        raise LoraclsError(f"the ONNX model differs from PyTorch by {check['max_probability_difference']:.2e} in "
+                           f"probability (tolerance {MATCH_TOLERANCE}); not kept")
+    return check

@@ -1,0 +1,83 @@
+"""Export routes, each checked against torch: ONNX (onnxruntime), a bf16 merged model, and their refusals."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import tiny_overrides
+from loracls.cli import main
+
+
+@pytest.fixture
+def run_copy(trained_runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    return run
+
+
+def test_onnx_export_matches_pytorch(run_copy, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    assert main(["export", str(run_copy), "--format", "onnx"]) == 0
+    check = json.loads(capsys.readouterr().out)
+    assert check["examples"] == 60 and check["max_probability_difference"] < 1e-3 and check["label_agreement"] == 1.0
+    assert check["onnxruntime_texts_per_second"] > 0 and check["torch_texts_per_second"] > 0
+    folder = run_copy / "onnx"
+    assert (folder / "model.onnx").is_file() and (folder / "tokenizer.json").is_file()
+    assert json.loads((folder / "labels.json").read_text()) == {"0": "neg", "1": "pos"}
+    assert json.loads((folder / "export_check.json").read_text()) == check
+    # a plain onnxruntime user: tokenizer + model file, nothing of loracls
+    import numpy as np
+    import onnxruntime
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"))
+    encoded = tokenizer(["great superb film", "awful dull boring plot"], padding=True, return_tensors="np")
+    logits = session.run(None, {"input_ids": encoded["input_ids"].astype(np.int64),
+                                "attention_mask": encoded["attention_mask"].astype(np.int64)})[0]
+    assert logits.argmax(1).tolist() == [1, 0]
+
+
+def test_onnx_exporter_failure_is_one_line_and_leaves_nothing(run_copy, monkeypatch, capsys):
+    pytest.importorskip("onnxscript")
+    import torch
+
+    def cannot(*args, **kwargs):
+        raise RuntimeError("Found <class 'DynamicCache'> in output, which is not a known type\nmore")
+
+    monkeypatch.setattr(torch.onnx, "export", cannot)
+    assert main(["export", str(run_copy), "--format", "onnx"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("loracls: the ONNX exporter") and "RuntimeError: Found <class 'DynamicCache'>" in err[-1]
+    assert not (run_copy / "onnx").exists()
+
+
+def test_bf16_merged_model_is_half_the_size_and_checked(run_copy, capsys):
+    before = (run_copy / "merged" / "model.safetensors").stat().st_size
+    assert main(["export", str(run_copy), "--format", "merged", "--dtype", "bf16"]) == 0
+    check = json.loads(capsys.readouterr().out)
+    assert check["dtype"] == "bf16" and check["predictions_equal"] and check["examples"] == 60
+    assert 0 < check["max_probability_difference"] < 5e-2
+    after = (run_copy / "merged" / "model.safetensors").stat().st_size
+    assert after < 0.6 * before
+    metrics = json.loads((run_copy / "metrics.json").read_text())
+    assert metrics["export"] == check
+    assert main(["predict", str(run_copy), "--text", "great superb film"]) == 0
+
+
+def test_merge_dtype_in_the_train_job(gemma3_dir, data_csv, tmp_path):
+    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=2, baseline=False, merge_dtype="bf16")
+    assert main(["train", *args]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["export"]["dtype"] == "bf16" and metrics["export"]["predictions_equal"]
+    config = json.loads((tmp_path / "run" / "merged" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+
+
+def test_export_refusals(run_copy, capsys):
+    assert main(["export", str(run_copy), "--format", "onnx", "--dtype", "bf16"]) == 2
+    assert "writes fp32" in capsys.readouterr().err
+    assert main(["export", str(run_copy.parent / "nowhere"), "--format", "merged"]) == 2
+    assert "not a finished loracls run" in capsys.readouterr().err
