@@ -62,13 +62,15 @@ def test_report_html_and_pngs(trained_runs, capsys):
     run = trained_runs["gemma3"]
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
-    for text in ("Baseline vs LoRA", "zero-shot, calibrated", "validation accuracy", "Most confident mistakes",
+    for text in ("Baselines vs LoRA", "zero-shot, calibrated", "TF-IDF + logistic regression", "validation accuracy", "Most confident mistakes",
                  "Environment", "transformers", "curves.png", "confusion.png"):
         assert text in page, text
     for name in ("curves.png", "confusion.png"):
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = json.loads((run / "metrics.json").read_text())
     assert f"{metrics['test']['accuracy']:.4f}" in page
+    tfidf = json.loads((run / "tfidf.json").read_text())
+    assert f"{tfidf['test']['accuracy']:.4f}" in page and metrics["baseline"]["tfidf_accuracy"] == tfidf["test"]["accuracy"]
 
 
 def test_report_refuses_an_unfinished_run(tmp_path, capsys):
@@ -90,3 +92,37 @@ def test_multiclass_baseline_and_report(gemma3_dir, tmp_path, capsys):
     baseline = json.loads((tmp_path / "run" / "baseline.json").read_text())
     assert len(baseline["content_free_probabilities"]) == 3
     assert main(["report", str(tmp_path / "run")]) == 0
+
+
+def test_zero_shot_cost_is_one_pass_per_batch_whatever_the_number_of_labels(gemma3_dir):
+    model = AutoModelForCausalLM.from_pretrained(gemma3_dir).eval()
+    calls = {"n": 0}
+    forward = model.forward
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return forward(*args, **kwargs)
+
+    model.forward = counting
+    runtime = Runtime(torch.device("cpu"), torch.float32)
+    texts = [f"the film {i} was" for i in range(10)]
+    six = ZeroShotScorer(model, make_tokenizer(), "{text}", ["good", "bad", "ok", "meh", "dull", "fine"], 64, 4, runtime)
+    assert six.label_logprobs(texts).shape == (10, 6) and calls["n"] == 3  # ceil(10 / 4) batches
+    calls["n"] = 0
+    two_tokens = ZeroShotScorer(model, make_tokenizer(), "{text}", ["good", "very good"], 64, 4, runtime)
+    two_tokens.label_logprobs(texts)
+    assert calls["n"] == 6  # the prompts once, plus one short continuation pass for the two-token label
+
+
+def test_tfidf_baseline_learns_and_keeps_every_label(tmp_path):
+    from loracls.baselines.tfidf import C_GRID, run_tfidf
+    from loracls.data.splits import load_dataset
+
+    path = tmp_path / "d.csv"
+    synthetic_frame(400).to_csv(path, index=False)
+    config = load_config(None, [f"data={path}", "train_size=200", "validation_size=60", "test_size=60",
+                                "labels=[neg, pos, other]", "balance=false"])
+    record = run_tfidf(load_dataset(config), seed=0, log=lambda *a: None)
+    assert record.c in C_GRID and record.features > 0 and record.seconds > 0
+    assert record.test.accuracy >= 0.9 and record.validation_accuracy >= 0.9
+    assert record.test.per_class["other"].support == 0 and record.test.confusion_matrix.labels == ["neg", "pos", "other"]

@@ -4,9 +4,6 @@ against the adapter at bf16 tolerance, resume after kill -9 (GPU RNG included), 
 with its gradient scaler, and QLoRA (or its clear refusal)."""
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -148,23 +145,10 @@ def test_predict_runs_on_the_gpu(gpu_run, capsys):
 
 
 def test_resume_after_kill_on_the_gpu_matches_an_uninterrupted_run(gemma3_dir, data_csv, tmp_path):
-    from test_sweep_resume_scale import _log_trace, _train_cmd, _wait_for_two_validations
+    from test_sweep_resume_scale import straight_and_resumed
 
-    common = dict(epochs=12, eval_every=15, baseline=False, lora_dropout=0.1, precision="fp32", deterministic=True,
-                  merge=False)
-    straight = tmp_path / "straight"
-    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, straight, **common)]) == 0
-    killed = tmp_path / "killed"
-    process = subprocess.Popen(_train_cmd(tiny_overrides(gemma3_dir, data_csv, killed, **common)),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for_two_validations(killed / "run", process)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    assert main(["train", "--resume", str(killed / "run")]) == 0
-    a = json.loads((straight / "run" / "metrics.json").read_text())
-    b = json.loads((killed / "run" / "metrics.json").read_text())
-    assert a["test"] == b["test"] and a["validation"] == b["validation"]
-    assert _log_trace(straight / "run") == _log_trace(killed / "run")
+    straight_and_resumed(gemma3_dir, data_csv, tmp_path, epochs=12, eval_every=15, baseline=False, lora_dropout=0.1,
+                         precision="fp32", deterministic=True, merge=False)
 
 
 def test_qlora_step_or_its_clear_refusal(gemma3_dir, data_csv, tmp_path, capsys):

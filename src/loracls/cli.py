@@ -47,7 +47,7 @@ def cmd_evaluate(args) -> None:
     from loracls.inference.loaded import evaluate
     from loracls.runs import to_dict
 
-    print(json_line(to_dict(evaluate(args.run, args.data, log, args.batch_size))))
+    print(json_line(to_dict(evaluate(args.run, args.data, log, args.batch_size, args.device, args.precision))))
 
 
 def cmd_predict(args) -> None:
@@ -59,7 +59,7 @@ def cmd_predict(args) -> None:
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
     run = runs.check_run_dir(args.run)
     texts = args.text or read_texts(args.file, runs.read_config(run).text_column)
-    rows = predict(args.run, texts, log, args.batch_size)
+    rows = predict(args.run, texts, log, args.batch_size, args.device, args.precision)
     if args.out:
         files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
     else:
@@ -70,7 +70,7 @@ def cmd_serve(args) -> None:
     from loracls.inference.engine import Classifier
     from loracls.inference.server import serve
 
-    classifier = Classifier(args.run, log, args.max_batch_size)
+    classifier = Classifier(args.run, log, args.max_batch_size, args.device, args.precision)
     serve(classifier, args.host, args.port, args.max_batch_size, args.max_wait_ms, args.max_queue,
           args.max_body_bytes, log)
 
@@ -129,9 +129,8 @@ def cmd_baseline(args) -> None:
     from loracls.config import load_config
     from loracls.files import json_line
     from loracls.jobs.train import baseline
-    from loracls.runs import to_dict
 
-    print(json_line(to_dict(baseline(load_config(args.config, args.set), log))))
+    print(json_line(baseline(load_config(args.config, args.set), log)))
 
 
 def cmd_sweep(args) -> None:
@@ -177,6 +176,11 @@ def _positive(text: str) -> int:
     return value
 
 
+def _inference_options(parser) -> None:
+    parser.add_argument("--device", help="override the run's device (auto, cpu, cuda, cuda:N, mps)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="override the run's precision")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("--data", help="labelled CSV/JSONL/Parquet with the run's text and label columns")
     p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
+    _inference_options(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("predict", help="predict labels with a finished run (JSONL out)")
@@ -228,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", help=".txt (one text a line) or CSV/JSONL/Parquet with the text column")
     p.add_argument("--out", help="write JSONL here instead of stdout")
     p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
+    _inference_options(p)
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("serve", help="serve a run over HTTP (vLLM /classify and TEI /predict shapes)")
@@ -238,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first text waits for others")
     p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 503 + Retry-After")
     p.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20, help="larger request bodies get 413")
+    _inference_options(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="export a run: ONNX (checked with onnxruntime) or the merged model again")

@@ -73,8 +73,9 @@ class Config:
     run_name: str | None = None
     merge: bool = True  # write the merged standalone model and check it against the adapter
     merge_dtype: str = "fp32"  # fp32 | bf16 (half the size; checked at bf16's tolerance)
-    # --- zero-shot baseline (scored on the test split before training) ---
-    baseline: bool = True
+    # --- baselines (scored on the test split before training) ---
+    baseline: bool = True  # false: no baseline at all
+    baselines: list[str] = field(default_factory=lambda: ["zero_shot", "tfidf"])  # which ones
     prompt_template: str | None = None  # must hold {text}; may hold {choices}
     verbalizers: dict[str, str] | None = None  # label name -> word scored after the prompt
     # --- memory savers that need bitsandbytes on a GPU ---
@@ -99,6 +100,9 @@ class Config:
             raise LoraclsError("config: labels has duplicates")
         if self.run_name is not None:
             check_run_name(self.run_name)
+        unknown = sorted(set(self.baselines) - {"zero_shot", "tfidf"})
+        if unknown:
+            raise LoraclsError(f"config: baselines may hold zero_shot and tfidf, got {', '.join(unknown)}")
         return self
 
     def to_dict(self) -> dict:

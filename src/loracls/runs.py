@@ -27,6 +27,7 @@ LABELS = "labels.json"
 TRAIN_LOG = "train_log.jsonl"
 METRICS = "metrics.json"
 BASELINE = "baseline.json"
+TFIDF = "tfidf.json"
 ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
@@ -48,8 +49,11 @@ class BaselineRecord:
 
 @dataclass
 class BaselineSummary:
-    zero_shot_accuracy: float
-    calibrated_accuracy: float
+    """The baseline ladder on the test split, beside the LoRA result (None: that baseline was not run)."""
+    zero_shot_accuracy: float | None = None
+    calibrated_accuracy: float | None = None
+    tfidf_accuracy: float | None = None
+    tfidf_macro_f1: float | None = None
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Metrics:
     baseline: BaselineSummary | None = None
     export: ExportCheck | None = None
     data_notes: list[str] = field(default_factory=list)
+    long_texts: dict[str, int] = field(default_factory=dict)  # split -> texts longer than max_length (truncated)
 
 
 Record = TypeVar("Record")
@@ -133,6 +138,12 @@ def read_metrics(run: Path) -> Metrics:
 
 def read_baseline(run: Path) -> BaselineRecord:
     return read_record(run / BASELINE, BaselineRecord)
+
+
+def read_tfidf(run: Path):
+    from loracls.baselines.tfidf import TfidfRecord
+
+    return read_record(run / TFIDF, TfidfRecord)
 
 
 def read_env(run: Path) -> dict[str, str | int | float | bool | None]:

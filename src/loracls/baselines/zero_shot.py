@@ -5,8 +5,11 @@ content-free inputs divide out the prompt's own bias.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from loracls.config import EMBEDDED_DATA, Config
@@ -58,25 +61,50 @@ class ZeroShotScorer:
         return self.tokenizer([self.template.format(text=t, choices=self.choices) for t in texts])["input_ids"]
 
     @torch.inference_mode()
-    def _continuation_logprob(self, prompts: list[list[int]], continuation: list[int]) -> np.ndarray:
-        """Sum of log p(continuation tokens | prompt) per prompt; left padding aligns the ends."""
-        keep = len(continuation) + 1
-        target = torch.tensor(continuation)
+    def _batch_logprobs(self, prompts: list[list[int]]) -> np.ndarray:
+        """log p(verbalizer | prompt) for every label, [len(prompts), labels], from ONE pass over the prompts:
+        a verbalizer's first token is read from the prompt's last position; the rest of a multi-token
+        verbalizer continues from the prompt's cached keys and values (a few tokens, not the prompt again)."""
+        device = self.runtime.device
+        batch = {k: v.to(device) for k, v in _left_padded(prompts, self.tokenizer.pad_token_id).items()}
+        longer = any(len(ids) > 1 for ids in self.verbalizer_ids)
+        with self.runtime.autocast:
+            out = self.model(**batch, use_cache=longer, logits_to_keep=1)
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        scores = torch.stack([first[:, ids[0]] for ids in self.verbalizer_ids], dim=1)
+        for k, ids in enumerate(self.verbalizer_ids):
+            if len(ids) > 1:
+                scores[:, k] += self._continuation(out.past_key_values, batch, ids)
+        return scores.cpu().numpy()
+
+    def _continuation(self, cache, batch: dict, ids: list[int]) -> torch.Tensor:
+        """Sum of log p(ids[1:] | prompt, ids[:-1]) with the prompt's cache (copied: each label extends it)."""
+        import copy
+
+        rows, extra = batch["input_ids"].shape[0], len(ids) - 1
+        device = batch["input_ids"].device
+        tokens = torch.tensor(ids[:-1], device=device).expand(rows, -1)
+        mask = torch.cat([batch["attention_mask"], torch.ones(rows, extra, dtype=torch.long, device=device)], dim=1)
+        positions = batch["position_ids"][:, -1:] + 1 + torch.arange(extra, device=device)
+        with self.runtime.autocast:
+            logits = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                                past_key_values=copy.deepcopy(cache), use_cache=True).logits
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        target = torch.tensor(ids[1:], device=device).expand(rows, -1).unsqueeze(-1)
+        return logprobs.gather(-1, target).squeeze(-1).sum(-1)
+
+    def label_logprobs(self, texts: list[str], progress: bool = False) -> np.ndarray:
+        prompts = self._prompt_ids(texts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        scores = np.zeros(len(prompts))
+        scores = np.zeros((len(prompts), len(self.verbalizer_ids)))
+        bar = tqdm(total=len(prompts), desc="baseline", unit="text", file=sys.stderr, mininterval=2.0,
+                   disable=not progress)
         for start in range(0, len(order), self.batch_size):
             rows = order[start:start + self.batch_size]
-            batch = _left_padded([prompts[i] + continuation for i in rows], self.tokenizer.pad_token_id)
-            with self.runtime.autocast:
-                logits = self.model(**{k: v.to(self.runtime.device) for k, v in batch.items()}, logits_to_keep=keep).logits
-            logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1).cpu()
-            picked = logprobs.gather(-1, target.expand(len(rows), -1).unsqueeze(-1)).squeeze(-1).sum(-1)
-            scores[rows] = picked.numpy()
+            scores[rows] = self._batch_logprobs([prompts[i] for i in rows])
+            bar.update(len(rows))
+        bar.close()
         return scores
-
-    def label_logprobs(self, texts: list[str]) -> np.ndarray:
-        prompts = self._prompt_ids(texts)
-        return np.stack([self._continuation_logprob(prompts, ids) for ids in self.verbalizer_ids], axis=1)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -99,7 +127,7 @@ def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2l
     except Exception as exc:
         raise LoraclsError(f"baseline: cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None
     scorer = ZeroShotScorer(model, tokenizer, template, words, config.max_length, config.eval_batch_size, runtime)
-    scores = scorer.label_logprobs(texts)
+    scores = scorer.label_logprobs(texts, progress=True)
     content_free = scorer.label_logprobs(CONTENT_FREE)
     plain = _softmax(scores)
     calibrated = calibrate(scores, content_free)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from loracls import files, runs
+from loracls import runs
 from loracls.config import Config, from_dict
 from loracls.errors import LoraclsError
 from loracls.hardware import cpu_model_name

@@ -86,6 +86,17 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _ladder(metrics: runs.Metrics, baseline: runs.BaselineRecord | None, tfidf) -> list[list]:
+    rows = []
+    if baseline is not None:
+        rows += [["zero-shot prompt", baseline.zero_shot.accuracy, baseline.zero_shot.macro_f1],
+                 ["zero-shot, calibrated", baseline.calibrated.accuracy, baseline.calibrated.macro_f1]]
+    if tfidf is not None:
+        rows.append([f"TF-IDF + logistic regression (C={tfidf.c:g})", tfidf.test.accuracy, tfidf.test.macro_f1])
+    rows.append(["LoRA", metrics.test.accuracy, metrics.test.macro_f1])
+    return rows
+
+
 def write_report(run_path: str) -> Path:
     run = Path(run_path)
     if not (run / runs.METRICS).is_file():
@@ -93,19 +104,15 @@ def write_report(run_path: str) -> Path:
     metrics = runs.read_metrics(run)
     env = runs.read_env(run) if (run / runs.ENV).is_file() else {}
     baseline = runs.read_baseline(run) if (run / runs.BASELINE).is_file() else None
+    tfidf = runs.read_tfidf(run) if (run / runs.TFIDF).is_file() else None
     _plot_curves(_read_jsonl(run / runs.TRAIN_LOG), run / "curves.png")
     _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
-    files.write_text(run / REPORT, _page(run.name, metrics, env, baseline,
+    files.write_text(run / REPORT, _page(run.name, metrics, env, _ladder(metrics, baseline, tfidf),
                                          _read_jsonl(run / runs.PREDICTIONS / "test.jsonl")))
     return run / REPORT
 
 
-def _page(name: str, metrics: runs.Metrics, env: dict, baseline: runs.BaselineRecord | None, test_rows: list) -> str:
-    comparison = []
-    if baseline is not None:
-        comparison += [["zero-shot prompt", baseline.zero_shot.accuracy, baseline.zero_shot.macro_f1],
-                       ["zero-shot, calibrated", baseline.calibrated.accuracy, baseline.calibrated.macro_f1]]
-    comparison.append(["LoRA", metrics.test.accuracy, metrics.test.macro_f1])
+def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
     per_class = [[label, row.precision, row.recall, row.f1, row.support] for label, row in metrics.test.per_class.items()]
     mistakes = [[r["label"], r["prediction"], r["probabilities"][r["prediction"]], r["text"]]
                 for r in confident_mistakes(test_rows)]
@@ -118,7 +125,7 @@ def _page(name: str, metrics: runs.Metrics, env: dict, baseline: runs.BaselineRe
                ["merged == adapter", metrics.export.predictions_equal if metrics.export else "not exported"]]
     sections = [
         f"<h1>loracls run {html.escape(name)}</h1>",
-        "<h2>Baseline vs LoRA (test split)</h2>",
+        "<h2>Does the LLM pay for itself? Baselines vs LoRA (test split)</h2>",
         _table(["method", "accuracy", "macro F1"], [[m, _fmt(a), _fmt(f)] for m, a, f in comparison]),
         "<h2>Training</h2>", '<img src="curves.png" alt="loss and validation curves">',
         _table(["", ""], [[k, _fmt(v)] for k, v in summary]),

@@ -16,8 +16,8 @@ from loracls import files, runs
 from loracls.config import FIELDS, Config, from_dict, parse_value
 from loracls.errors import LoraclsError
 
-COLUMNS = ["run", "validation_accuracy", "test_accuracy", "test_macro_f1", "zero_shot_accuracy", "train_tokens_per_second",
-           "seconds"]
+COLUMNS = ["run", "validation_accuracy", "test_accuracy", "test_macro_f1", "zero_shot_accuracy",
+           "calibrated_accuracy", "tfidf_accuracy", "train_tokens_per_second", "seconds"]
 
 
 def split_alternatives(text: str) -> list[str]:
@@ -72,8 +72,13 @@ def _row(name: str, run: Path, seconds: float) -> dict:
     metrics = runs.read_metrics(run)
     return {"run": name, "validation_accuracy": round(metrics.validation.best_accuracy, 4),
             "test_accuracy": round(metrics.test.accuracy, 4), "test_macro_f1": round(metrics.test.macro_f1, 4),
-            "zero_shot_accuracy": None if metrics.baseline is None else round(metrics.baseline.zero_shot_accuracy, 4),
+            **{f"{name}_accuracy": _rounded(getattr(metrics.baseline, f"{name}_accuracy", None))
+               for name in ("zero_shot", "calibrated", "tfidf")},
             "train_tokens_per_second": round(metrics.train.tokens_per_second, 1), "seconds": round(seconds, 1)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -10,10 +10,11 @@ from loracls.inference.engine import Classifier
 from loracls.metrics import ClassificationMetrics, classification_metrics, format_metrics, prediction_rows
 
 
-def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int | None = None) -> ClassificationMetrics:
+def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int | None = None,
+             device: str | None = None, precision: str | None = None) -> ClassificationMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
-    classifier = Classifier(run_path, log, batch_size)
+    classifier = Classifier(run_path, log, batch_size, device, precision)
     if data is None:
         split = load_dataset(config).test
     else:
@@ -25,11 +26,12 @@ def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int 
     return metrics
 
 
-def predict(run_path: str, texts: list[str], log=print, batch_size: int | None = None) -> list[dict]:
+def predict(run_path: str, texts: list[str], log=print, batch_size: int | None = None, device: str | None = None,
+            precision: str | None = None) -> list[dict]:
     if not texts:
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
-    classifier = Classifier(run_path, log, batch_size)
+    classifier = Classifier(run_path, log, batch_size, device, precision)
     return prediction_rows(texts, None, classifier.probabilities(texts, progress=True), classifier.id2label)
 

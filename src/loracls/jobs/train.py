@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from loracls import files, runs
+from loracls.baselines.tfidf import run_tfidf
 from loracls.baselines.zero_shot import prompt_setup, run_baseline
 from loracls.config import Config
-from loracls.data.batching import encode
+from loracls.data.batching import encode, encode_with_truncation
 from loracls.data.splits import Dataset, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
@@ -43,13 +44,14 @@ class Job:
     run: Path
     resumed: bool
     log: object
+    long_texts: dict[str, int]  # split -> texts longer than max_length
 
 
 def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     """The main job. With `resume`, the run directory's own config and checkpoint are used."""
     started = time.perf_counter()
     job = _prepare(config, log, resume)
-    baseline = _baseline(job)
+    baselines = _baselines(job)
     result = _fit(job)
     test_ids = encode(job.loaded.tokenizer, job.dataset.test.texts, job.config.max_length, job.config.input_template)
     probs = _test_probabilities(job, test_ids)
@@ -63,9 +65,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
                       train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
                                          result.tokens_per_second, result.mfu),
                       model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
-                      baseline=None if baseline is None else BaselineSummary(baseline.zero_shot.accuracy,
-                                                                             baseline.calibrated.accuracy),
-                      export=export, data_notes=job.dataset.notes)
+                      baseline=baselines,
+                      export=export, data_notes=job.dataset.notes, long_texts=job.long_texts)
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     _say_done(job, metrics)
@@ -86,13 +87,13 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    if config.baseline:
+    if config.baseline and "zero_shot" in config.baselines:
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
     model_dir = resolve_model_dir(config.model, log)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
     loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization)
     model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
-    encode(loaded.tokenizer, dataset.train.texts[:1], config.max_length, config.input_template)  # room for text?
+    long_texts = _long_texts(loaded.tokenizer, dataset, config, log)
     if config.quantization == "none":
         model.to(runtime.device)
     if config.data_parallel == "fsdp" and distributed.world_size() > 1:
@@ -101,7 +102,21 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset)
     log(f"run directory: {run}")
-    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log)
+    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log, long_texts)
+
+
+def _long_texts(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, int]:
+    """How many texts of each split are longer than max_length (and so truncated); said, never silent."""
+    counts = {}
+    for name in ("train", "validation", "test"):
+        texts = getattr(dataset, name).texts
+        counts[name] = sum(encode_with_truncation(tokenizer, texts, config.max_length, config.input_template)[1])
+        if counts[name]:
+            note = (f"data: {counts[name]} of {len(texts)} {name} texts ({100 * counts[name] / len(texts):.1f}%) are "
+                    f"longer than max_length {config.max_length} tokens and are truncated")
+            dataset.notes.append(note)
+            log(note)
+    return counts
 
 
 def _new_run(config: Config, runtime: Runtime, dataset: Dataset) -> Path:
@@ -114,20 +129,35 @@ def _new_run(config: Config, runtime: Runtime, dataset: Dataset) -> Path:
     return distributed.broadcast_object(run)
 
 
-def _baseline(job: Job) -> BaselineRecord | None:
-    """The zero-shot baseline on the test split, before training (a resumed run reads the one it wrote)."""
-    result = None
-    if job.config.baseline and distributed.is_main():
-        if (job.run / runs.BASELINE).is_file():
-            result = runs.read_baseline(job.run)
-        else:
-            test = job.dataset.test
-            result, plain, _ = run_baseline(job.model_dir, job.loaded.tokenizer, test.texts, test.labels,
-                                            job.dataset.id2label, job.config, job.runtime, job.log)
-            files.write_jsonl(job.run / runs.PREDICTIONS / "baseline_test.jsonl",
-                              prediction_rows(test.texts, test.labels, plain, job.dataset.id2label))
-            runs.write_record(job.run / runs.BASELINE, result)
+def _baselines(job: Job) -> BaselineSummary | None:
+    """The baseline ladder on the test split, before training: zero-shot (plain and calibrated) and TF-IDF +
+    logistic regression. A resumed run reads the ones it wrote."""
+    config, result = job.config, None
+    if config.baseline and distributed.is_main():
+        result = BaselineSummary()
+        if "zero_shot" in config.baselines:
+            zero = _zero_shot(job)
+            result.zero_shot_accuracy, result.calibrated_accuracy = zero.zero_shot.accuracy, zero.calibrated.accuracy
+        if "tfidf" in config.baselines:
+            if (job.run / runs.TFIDF).is_file():
+                tfidf = runs.read_tfidf(job.run)
+            else:
+                tfidf = run_tfidf(job.dataset, config.seed, job.log)
+                runs.write_record(job.run / runs.TFIDF, tfidf)
+            result.tfidf_accuracy, result.tfidf_macro_f1 = tfidf.test.accuracy, tfidf.test.macro_f1
     distributed.barrier()
+    return result
+
+
+def _zero_shot(job: Job) -> BaselineRecord:
+    if (job.run / runs.BASELINE).is_file():
+        return runs.read_baseline(job.run)
+    test = job.dataset.test
+    result, plain, _ = run_baseline(job.model_dir, job.loaded.tokenizer, test.texts, test.labels,
+                                    job.dataset.id2label, job.config, job.runtime, job.log)
+    files.write_jsonl(job.run / runs.PREDICTIONS / "baseline_test.jsonl",
+                      prediction_rows(test.texts, test.labels, plain, job.dataset.id2label))
+    runs.write_record(job.run / runs.BASELINE, result)
     return result
 
 
@@ -172,8 +202,11 @@ def _export(job: Job, test_ids: list[list[int]]):
 
 def _say_done(job: Job, metrics: Metrics) -> None:
     if metrics.baseline is not None:
-        job.log(f"side by side on the test split: zero-shot {metrics.baseline.zero_shot_accuracy:.4f}, "
-                f"calibrated {metrics.baseline.calibrated_accuracy:.4f} -> LoRA {metrics.test.accuracy:.4f}")
+        ladder = [("zero-shot", metrics.baseline.zero_shot_accuracy), ("calibrated", metrics.baseline.calibrated_accuracy),
+                  ("TF-IDF", metrics.baseline.tfidf_accuracy)]
+        job.log("side by side on the test split: " + ", ".join(f"{name} {value:.4f}" for name, value in ladder
+                                                               if value is not None)
+                + f" -> LoRA {metrics.test.accuracy:.4f}")
     job.log(f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}; "
             f"metrics in {job.run / runs.METRICS}")
 
@@ -185,8 +218,9 @@ def _quiet(*_args, **_kwargs) -> None:
 # --- the zero-shot baseline alone ------------------------------------------------------------------
 
 
-def baseline(config: Config, log=print) -> BaselineRecord:
-    """`loracls baseline`: the zero-shot baseline alone, on the same test split `train` would use."""
+def baseline(config: Config, log=print) -> dict:
+    """`loracls baseline`: the baselines alone, on the same test split `train` would use: the zero-shot
+    record's fields, plus "tfidf" when chosen."""
     from loracls.model.tokenizer import load_tokenizer
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
@@ -196,4 +230,7 @@ def baseline(config: Config, log=print) -> BaselineRecord:
     model_dir = resolve_model_dir(config.model, log)
     result, _, _ = run_baseline(model_dir, load_tokenizer(model_dir, log), dataset.test.texts, dataset.test.labels,
                                 dataset.id2label, config, runtime, log)
-    return result
+    out = runs.to_dict(result)
+    if "tfidf" in config.baselines:
+        out["tfidf"] = runs.to_dict(run_tfidf(dataset, config.seed, log))
+    return out
