@@ -99,8 +99,8 @@ def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, c
     args = tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=3, baseline=False, input_template="the {text} was")
     assert main(["train", *args]) == 0
     run = tmp_path / "run"
-    assert json.loads((run / "merged" / "loracls_input.json").read_text()) == {"input_template": "the {text} was",
-                                                                               "max_length": 32}
+    saved = json.loads((run / "merged" / "loracls_input.json").read_text())
+    assert saved["input_template"] == "the {text} was" and saved["max_length"] == 32 and saved["temperature"] > 0
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["export"]["predictions_equal"]
     row = read_jsonl(run / "predictions" / "test.jsonl")[0]

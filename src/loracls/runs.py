@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from loracls import files
 from loracls.config import check_run_name
 from loracls.errors import LoraclsError, first_line
+from loracls.calibration import CalibrationRecord
 from loracls.metrics import ClassificationMetrics
 
 # file names inside a run directory
@@ -32,6 +33,7 @@ ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
 CHECKPOINT = "checkpoint.pt"
+CALIBRATION = "loracls_calibration.json"  # inside adapter/: the fitted temperature
 
 
 # --- the records -------------------------------------------------------------------------------------
@@ -105,6 +107,7 @@ class Metrics:
     export: ExportCheck | None = None
     data_notes: list[str] = field(default_factory=list)
     long_texts: dict[str, int] = field(default_factory=dict)  # split -> texts longer than max_length (truncated)
+    calibration: CalibrationRecord | None = None
 
 
 Record = TypeVar("Record")
@@ -144,6 +147,16 @@ def read_tfidf(run: Path):
     from loracls.baselines.tfidf import TfidfRecord
 
     return read_record(run / TFIDF, TfidfRecord)
+
+
+def read_temperature(path: Path) -> float:
+    """A saved temperature ({"temperature": T}, T > 0 and finite); 1.0 where none was saved."""
+    if not path.is_file():
+        return 1.0
+    value = parse_record(dict[str, float], files.read_json(path, "run file"), str(path)).get("temperature", 1.0)
+    if not (value > 0 and value < float("inf")):
+        raise LoraclsError(f"{path}: temperature must be a positive finite number, got {value}")
+    return value
 
 
 def read_env(run: Path) -> dict[str, str | int | float | bool | None]:

@@ -73,6 +73,39 @@ def _plot_confusion(confusion, target: Path) -> None:
     plt.close(fig)
 
 
+def _plot_reliability(calibration, target: Path) -> None:
+    """Reliability diagram of the test split: accuracy against confidence, before and after the temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(4.8, 4.2))
+    axis.plot([0, 1], [0, 1], color="gray", linestyle="--", linewidth=1, label="perfectly calibrated")
+    for name, quality, color in (("raw", calibration.before, "tab:red"),
+                                 (f"T = {calibration.temperature:.2f}", calibration.after, "tab:blue")):
+        table = quality.reliability
+        axis.plot(table.confidence, table.accuracy, marker="o", color=color, label=f"{name} (ECE {quality.ece:.3f})")
+    axis.set(xlabel="confidence (top class)", ylabel="accuracy", title="test reliability", xlim=(0, 1), ylim=(0, 1))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def _calibration_section(calibration) -> list[str]:
+    if calibration is None:
+        return []
+    rows = [[name, _fmt(q.ece), _fmt(q.brier), _fmt(q.log_loss)]
+            for name, q in (("raw probabilities", calibration.before),
+                            (f"temperature {calibration.temperature:.3f}", calibration.after))]
+    return ["<h2>Calibration (test split)</h2>", '<img src="reliability.png" alt="reliability diagram">',
+            _table(["", "ECE", "Brier", "log loss"], rows),
+            "<p>The temperature is fitted on the validation split; predict and serve return the calibrated "
+            "probabilities.</p>"]
+
+
 def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -107,6 +140,8 @@ def write_report(run_path: str) -> Path:
     tfidf = runs.read_tfidf(run) if (run / runs.TFIDF).is_file() else None
     _plot_curves(_read_jsonl(run / runs.TRAIN_LOG), run / "curves.png")
     _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
+    if metrics.calibration is not None:
+        _plot_reliability(metrics.calibration, run / "reliability.png")
     files.write_text(run / REPORT, _page(run.name, metrics, env, _ladder(metrics, baseline, tfidf),
                                          _read_jsonl(run / runs.PREDICTIONS / "test.jsonl")))
     return run / REPORT
@@ -133,6 +168,7 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
         "<h2>Test report</h2>",
         _table(["class", "precision", "recall", "F1", "support"], [[r[0], *map(_fmt, r[1:])] for r in per_class]),
         '<img src="confusion.png" alt="confusion matrix">',
+        *_calibration_section(metrics.calibration),
         "<h2>Most confident mistakes</h2>",
         _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])
         if mistakes else "<p>none</p>",

@@ -16,7 +16,8 @@ from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.inference.export import INPUT_FORMAT
 from loracls.model.classifier import load_classifier, load_standalone
-from loracls.model.scoring import predict_logits, softmax
+from loracls.calibration import softmax
+from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.tokenizer import load_tokenizer
 from loracls.training.speedups import store_frozen_linears_in
@@ -55,6 +56,7 @@ class Classifier:
         self.name, self.id2label = run.name, runs.read_labels(run)
         self.max_length, self.input_template = config.max_length, config.input_template
         self.batch_size = config.eval_batch_size
+        self.temperature = runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)
         self.runtime = setup_runtime(device or config.device, precision or config.precision, config.threads)
         merged = run / runs.MERGED
         if (merged / "config.json").is_file():
@@ -80,9 +82,10 @@ class Classifier:
         self.name, self.source = directory.name, str(directory)
         self.id2label = {int(i): str(name) for i, name in self.model.config.id2label.items()}
         fmt = files.read_json(directory / INPUT_FORMAT, "model file") if (directory / INPUT_FORMAT).is_file() else {}
-        fmt = runs.parse_record(dict[str, str | int | None], fmt, str(directory / INPUT_FORMAT))
+        fmt = runs.parse_record(dict[str, str | int | float | None], fmt, str(directory / INPUT_FORMAT))
         self.input_template = fmt.get("input_template")
         self.max_length = int(fmt.get("max_length") or 512)
+        self.temperature = float(fmt.get("temperature") or 1.0)
         self.batch_size = 32
         self.runtime = setup_runtime(device or "auto", precision or "auto", None)
 
@@ -97,6 +100,10 @@ class Classifier:
     def logits(self, ids: list[list[int]], progress: bool = False) -> np.ndarray:
         return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress)
 
+    def calibrated(self, logits: np.ndarray) -> np.ndarray:
+        """Probabilities at the temperature fitted after training (1.0 for runs without one)."""
+        return softmax(logits, self.temperature)
+
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        return softmax(self.logits(self.encode(texts).ids, progress))
+        return self.calibrated(self.logits(self.encode(texts).ids, progress))
 

@@ -57,8 +57,9 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         if generic:
             write_generic_module(staging, type(merged))
         # how callers must format their texts: the template (if any) and the length trained with
-        files.write_json(staging / INPUT_FORMAT, {"input_template": config.input_template,
-                                                  "max_length": config.max_length})
+        files.write_json(staging / INPUT_FORMAT, {
+            "input_template": config.input_template, "max_length": config.max_length,
+            "temperature": runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)})  # softmax(logits / T)
 
     files.replace_dir(run / runs.MERGED, fill)
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)

@@ -86,7 +86,8 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
         _export(classifier.model, example, staging / "model.onnx")
         classifier.tokenizer.save_pretrained(staging)
         files.write_json(staging / INPUT_FORMAT, {"input_template": classifier.input_template,
-                                                  "max_length": classifier.max_length})
+                                                  "max_length": classifier.max_length,
+                                                  "temperature": classifier.temperature})
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
     files.replace_dir(target, fill)

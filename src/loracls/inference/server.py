@@ -28,7 +28,6 @@ from pydantic import BaseModel, field_validator
 
 from loracls.errors import first_line
 from loracls.inference.batcher import Batcher, Overloaded
-from loracls.model.scoring import softmax
 
 TextOrTexts = str | list[str]
 
@@ -155,7 +154,7 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     async def classify(body: ClassifyRequest):
         texts = [body.input] if isinstance(body.input, str) else body.input
         encoded, logits = await _logits(classifier, batcher, texts, metrics)
-        probs = softmax(logits)
+        probs = classifier.calibrated(logits)
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": classifier.name,
                 "data": [{"index": i, "label": labels[int(row.argmax())], "probs": [float(p) for p in row],
@@ -175,7 +174,7 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
                                             f"tokens and truncate is false")
         logits = await batcher.submit(encoded.ids)
         metrics.texts.inc(len(texts))
-        scores = logits if body.raw_scores else softmax(logits)
+        scores = logits if body.raw_scores else classifier.calibrated(logits)
         rows = [sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
                 for row in np.asarray(scores)]
         return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(sum(encoded.truncated))})
@@ -188,6 +187,7 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     async def info():
         return {"model": classifier.name, "source": classifier.source, "labels": labels,
                 "max_length": classifier.max_length, "input_template": classifier.input_template,
+                "temperature": classifier.temperature,
                 "precision": classifier.precision, "device": str(classifier.runtime.device),
                 "max_batch_size": batcher.max_batch_size, "max_wait_ms": batcher.max_wait * 1000,
                 "max_queue": batcher.max_queue}

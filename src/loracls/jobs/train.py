@@ -15,6 +15,7 @@ import torch
 
 from loracls import files, runs
 from loracls.baselines.tfidf import run_tfidf
+from loracls.calibration import CalibrationRecord, calibrate, softmax
 from loracls.baselines.zero_shot import prompt_setup, run_baseline
 from loracls.config import Config
 from loracls.data.batching import encode, encode_with_truncation
@@ -25,7 +26,7 @@ from loracls.jobs.preflight import preflight
 from loracls.metrics import ClassificationMetrics, classification_metrics, format_metrics, prediction_rows
 from loracls.model.classifier import LoadedModel, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
-from loracls.model.scoring import predict_probabilities
+from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.runs import BaselineRecord, BaselineSummary, Metrics, ModelSummary, TrainSummary, ValidationSummary
 from loracls.training import distributed
@@ -53,20 +54,22 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     job = _prepare(config, log, resume)
     baselines = _baselines(job)
     result = _fit(job)
-    test_ids = encode(job.loaded.tokenizer, job.dataset.test.texts, job.config.max_length, job.config.input_template)
-    probs = _test_probabilities(job, test_ids)
+    ids = {name: encode(job.loaded.tokenizer, getattr(job.dataset, name).texts, job.config.max_length,
+                        job.config.input_template) for name in ("validation", "test")}
+    logits = _best_logits(job, ids)
     if not distributed.is_main():
         return job.run
-    test = _write_test(job, probs, result)
+    calibration = _calibrate(job, logits)
+    test = _write_test(job, softmax(logits["test"], calibration.temperature))
     summary = _model_summary(job)
     del job.model, job.loaded  # the export starts from the saved adapter
-    export = _export(job, test_ids)
+    export = _export(job, ids["test"])
     metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step),
                       train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
                                          result.tokens_per_second, result.mfu),
                       model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
                       baseline=baselines,
-                      export=export, data_notes=job.dataset.notes, long_texts=job.long_texts)
+                      export=export, data_notes=job.dataset.notes, long_texts=job.long_texts, calibration=calibration)
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     _say_done(job, metrics)
@@ -172,14 +175,26 @@ def _fit(job: Job) -> TrainResult:
     return result
 
 
-def _test_probabilities(job: Job, test_ids: list[list[int]]) -> np.ndarray | None:
+def _best_logits(job: Job, ids: dict[str, list[list[int]]]) -> dict[str, np.ndarray] | None:
+    """The best checkpoint's logits on the validation and test splits."""
     if distributed.is_sharded(job.model) or distributed.is_main():  # a sharded forward needs every process
-        return predict_probabilities(job.model, test_ids, job.loaded.tokenizer.pad_token_id,
-                                     job.config.eval_batch_size, job.runtime)
+        return {name: predict_logits(job.model, split_ids, job.loaded.tokenizer.pad_token_id,
+                                     job.config.eval_batch_size, job.runtime) for name, split_ids in ids.items()}
     return None
 
 
-def _write_test(job: Job, probs: np.ndarray, result: TrainResult) -> ClassificationMetrics:
+def _calibrate(job: Job, logits: dict[str, np.ndarray]) -> CalibrationRecord:
+    """A temperature fitted on validation, judged on test; saved beside the adapter for predict and serve."""
+    record = calibrate(logits["validation"], job.dataset.validation.labels, logits["test"], job.dataset.test.labels)
+    files.write_json(job.run / runs.ADAPTER / runs.CALIBRATION, {"temperature": record.temperature})
+    job.log(record.note and f"calibration: {record.note}" or
+            f"calibration: temperature {record.temperature:.3f} (fitted on validation); test ECE "
+            f"{record.before.ece:.4f} -> {record.after.ece:.4f}, Brier {record.before.brier:.4f} -> "
+            f"{record.after.brier:.4f}")
+    return record
+
+
+def _write_test(job: Job, probs: np.ndarray) -> ClassificationMetrics:
     test = job.dataset.test
     metrics = classification_metrics(test.labels, probs, job.dataset.id2label)
     files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl",
