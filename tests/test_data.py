@@ -1,3 +1,4 @@
+import pandas as pd
 import pytest
 import torch
 
@@ -89,7 +90,27 @@ def test_missing_file_and_too_small_data(tmp_path):
     path = tmp_path / "d.csv"
     synthetic_frame(30).to_csv(path, index=False)
     with pytest.raises(LoraclsError, match="balanced split needs"):
+        load_dataset(config_for(path, balance="true"))
+    with pytest.raises(LoraclsError, match=r"30 examples, fewer than the splits ask for \(40 \+ 10 \+ 10\)"):
         load_dataset(config_for(path))
+
+
+def test_user_data_is_split_stratified_and_the_embedded_data_balanced(tmp_path):
+    frame = synthetic_frame(600)
+    frame = pd.concat([frame[frame.label == "neg"][:500 // 6], frame[frame.label == "pos"]], ignore_index=True)
+    path = tmp_path / "imbalanced.csv"
+    frame.to_csv(path, index=False)  # 83 neg : 300 pos
+    dataset = load_dataset(config_for(path, train_size=200, validation_size=60, test_size=60))
+    counts = dataset.class_counts()
+    assert counts == {"train": {"neg": 43, "pos": 157}, "validation": {"neg": 13, "pos": 47},
+                      "test": {"neg": 13, "pos": 47}}
+    every = dataset.train.texts + dataset.validation.texts + dataset.test.texts
+    assert len(set(every)) == len(every) == 320
+    rest = load_dataset(config_for(path, train_size="null", validation_size=60, test_size=60))
+    assert sum(rest.class_counts()["train"].values()) == len(frame.drop_duplicates("text")) - 120
+    balanced = load_dataset(config_for(path, train_size=100, validation_size=20, test_size=20, balance="true"))
+    assert balanced.class_counts()["train"] == {"neg": 50, "pos": 50}
+    assert load_config().balanced_splits and not config_for(path).balanced_splits
 
 
 def test_length_grouped_batches_cover_everything_and_cut_padding():

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import math
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,8 @@ class Config:
     train_size: int | None = 5000  # None: everything left after validation and test
     validation_size: int = 800
     test_size: int = 1200
-    balance: bool = True  # equal examples per class in made splits
+    balance: bool | None = None  # made splits: equal examples per class (true) or the data's own proportions
+    # (false: stratified); null: true for the embedded data set, false for yours
     allow_overlap: bool = False  # given splits sharing more than a small share of texts are refused unless true
     max_length: int = 256
     input_template: str | None = None  # e.g. "Review: {text}\nSentiment:"; the classifier reads its last token
@@ -57,10 +59,12 @@ class Config:
     warmup_steps: int = 100
     scheduler: str = "cosine"
     max_grad_norm: float = 1.0
+    class_weights: str | dict[str, float] = "none"  # none | balanced | {label: weight}: weights in the loss
     # --- loop and evaluation ---
     log_every: int = 10  # optimizer steps
     eval_every: int = 50  # optimizer steps
     patience: int | None = 5  # validations without improvement before stopping; None: never stop early
+    select_by: str = "accuracy"  # accuracy | macro_f1 | loss: picks the best checkpoint, drives early stopping
     eval_batch_size: int = 32
     # --- hardware ---
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -88,7 +92,8 @@ class Config:
         choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
                    "scheduler": ("cosine", "linear", "constant"),
                    "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
-                   "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16")}
+                   "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16"),
+                   "select_by": ("accuracy", "macro_f1", "loss")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -100,10 +105,24 @@ class Config:
             raise LoraclsError("config: labels has duplicates")
         if self.run_name is not None:
             check_run_name(self.run_name)
+        self._check_class_weights()
         unknown = sorted(set(self.baselines) - {"zero_shot", "tfidf"})
         if unknown:
             raise LoraclsError(f"config: baselines may hold zero_shot and tfidf, got {', '.join(unknown)}")
         return self
+
+    def _check_class_weights(self) -> None:
+        weights = self.class_weights
+        if isinstance(weights, str) and weights not in ("none", "balanced"):
+            raise LoraclsError(f"config: class_weights must be none, balanced or {{label: weight}}, got {weights!r}")
+        if isinstance(weights, dict):
+            bad = {k: v for k, v in weights.items() if not (math.isfinite(v) and v > 0)}
+            if bad or not weights:
+                raise LoraclsError(f"config: class_weights must map labels to finite weights > 0, got {bad or weights}")
+
+    @property
+    def balanced_splits(self) -> bool:
+        return self.data == EMBEDDED_DATA if self.balance is None else self.balance
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,18 +185,34 @@ def _coerce(key: str, value):
         if type(None) in typing.get_args(hint):
             return None
         raise LoraclsError(f"config: {key} cannot be null")
-    base = _base_type(hint)
-    origin = typing.get_origin(base)
+    return _coerce_to(key, _base_type(hint), value)
+
+
+def _coerce_to(key: str, hint, value):
+    arms = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else []
+    for arm in arms:  # `str | dict[str, float]`: the first arm the value fits
+        try:
+            return _coerce_to(key, arm, value)
+        except LoraclsError:
+            continue
+    if arms:
+        raise LoraclsError(f"config: {key} must be {' or '.join(_name(a) for a in arms)}, got {value!r}")
+    origin = typing.get_origin(hint)
     if origin is dict:
         if not isinstance(value, dict):
-            raise LoraclsError(f"config: {key} must be a mapping like {{name: word}}, got {value!r}")
-        return {str(k): str(v) for k, v in value.items()}
+            raise LoraclsError(f"config: {key} must be a mapping like {{name: value}}, got {value!r}")
+        item = typing.get_args(hint)[1]
+        return {str(k): _coerce_to(f"{key}.{k}", item, v) for k, v in value.items()}
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
             raise LoraclsError(f"config: {key} must be a list of names, got {value!r}")
         return [str(v) for v in value]
+    return _scalar(key, hint, value)
+
+
+def _scalar(key: str, base, value):
     if base is bool:
         if isinstance(value, bool):
             return value
@@ -195,7 +230,12 @@ def _coerce(key: str, value):
     elif base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-    raise LoraclsError(f"config: {key} must be {getattr(base, '__name__', base)}, got {value!r}")
+    raise LoraclsError(f"config: {key} must be {_name(base)}, got {value!r}")
+
+
+def _name(hint) -> str:
+    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else \
+        {dict: "a mapping", list: "a list"}.get(typing.get_origin(hint), str(hint))
 
 
 def parse_value(key: str, raw: str):

@@ -60,8 +60,9 @@ class BaselineSummary:
 
 @dataclass
 class ValidationSummary:
-    best_accuracy: float
+    best_accuracy: float  # of the best checkpoint
     best_step: int
+    select_by: str = "accuracy"  # what chose the best checkpoint
 
 
 @dataclass

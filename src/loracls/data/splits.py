@@ -1,4 +1,4 @@
-"""Data stage: check labelled tables, map labels to ids, make seeded (balanced) splits.
+"""Data stage: check labelled tables, map labels to ids, make seeded splits (balanced or stratified).
 
 What is silently wrong in real data is found here and said in the data summary (`Dataset.notes`), or
 refused when it cannot be right: labels that differ only in case, texts with conflicting labels, the same
@@ -12,6 +12,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from loracls.config import EMBEDDED_DATA, Config
@@ -138,21 +139,20 @@ def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int]
 
 
 def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple[pd.DataFrame, ...]:
-    """Seeded validation / test / train split; balanced = equal counts per class."""
+    """Seeded train / validation / test splits: balanced (equal counts per class) or stratified (each split
+    keeps the data's class proportions)."""
     rng = random.Random(config.seed)
     by_class = {name: list(frame.index[frame["label"] == name]) for name in names}
     for rows in by_class.values():
         rng.shuffle(rows)
-    k = len(names)
-    if not config.balance:
-        order = list(frame.index)
-        rng.shuffle(order)
-        v, t = config.validation_size, config.test_size
-        train_end = None if config.train_size is None else v + t + config.train_size
-        if (train_end or v + t + 1) > len(order):
-            raise LoraclsError(f"data: {len(order)} examples, fewer than the splits ask for "
-                               f"({config.train_size} + {v} + {t})")
-        return frame.loc[order[v + t:train_end]], frame.loc[order[:v]], frame.loc[order[v:v + t]]
+    parts = _balanced(by_class, config) if config.balanced_splits else _stratified(by_class, config, len(frame))
+    for rows in parts.values():
+        rng.shuffle(rows)
+    return frame.loc[parts["train"]], frame.loc[parts["validation"]], frame.loc[parts["test"]]
+
+
+def _balanced(by_class: dict[str, list], config: Config) -> dict[str, list]:
+    k = len(by_class)
     per_val, per_test = math.ceil(config.validation_size / k), math.ceil(config.test_size / k)
     smallest = min(len(rows) for rows in by_class.values())
     per_train = smallest - per_val - per_test if config.train_size is None else math.ceil(config.train_size / k)
@@ -166,9 +166,33 @@ def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple
         parts["validation"] += rows[:per_val]
         parts["test"] += rows[per_val:per_val + per_test]
         parts["train"] += rows[per_val + per_test:need]
-    for rows in parts.values():
-        rng.shuffle(rows)
-    return frame.loc[parts["train"]], frame.loc[parts["validation"]], frame.loc[parts["test"]]
+    return parts
+
+
+def _shares(total: int, sizes: dict[str, int]) -> dict[str, int]:
+    """`total` split over classes in proportion to `sizes` (largest remainders get the leftover units)."""
+    whole = sum(sizes.values())
+    exact = {name: total * size / whole for name, size in sizes.items()}
+    out = {name: math.floor(value) for name, value in exact.items()}
+    for name in sorted(exact, key=lambda n: out[n] - exact[n])[:total - sum(out.values())]:
+        out[name] += 1
+    return out
+
+
+def _stratified(by_class: dict[str, list], config: Config, available: int) -> dict[str, list]:
+    v, t = config.validation_size, config.test_size
+    train = available - v - t if config.train_size is None else config.train_size
+    if train <= 0 or v + t + train > available:
+        raise LoraclsError(f"data: {available} examples, fewer than the splits ask for ({config.train_size} + {v} + {t})")
+    sizes = {name: len(rows) for name, rows in by_class.items()}
+    counts = {split: _shares(n, sizes) for split, n in (("validation", v), ("test", t), ("train", train))}
+    parts = {"validation": [], "test": [], "train": []}
+    for name, rows in by_class.items():
+        start = 0
+        for split in ("validation", "test", "train"):
+            parts[split] += rows[start:start + counts[split][name]]
+            start += counts[split][name]
+    return parts
 
 
 def _read_checked(path: str, config: Config, notes: list[str]) -> pd.DataFrame:
@@ -219,3 +243,24 @@ def format_counts(dataset: Dataset) -> str:
         lines.append(f"  {split_name:<10} {total:>6}  " + "  ".join(f"{n}={c}" for n, c in counts.items()))
     lines += [f"  note: {note}" for note in dataset.notes]
     return "\n".join(lines)
+
+
+def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
+    """Loss weights per label id from `class_weights`: none, balanced (n / (classes x n_class), as sklearn's
+    compute_class_weight), or {label: weight} (labels not named keep 1)."""
+    weights = config.class_weights
+    if weights == "none":
+        return None
+    names = dataset.id2label
+    if weights == "balanced":
+        from sklearn.utils.class_weight import compute_class_weight
+
+        present = sorted(set(dataset.train.labels))
+        computed = compute_class_weight("balanced", classes=np.array(present), y=np.array(dataset.train.labels))
+        by_id = dict(zip(present, computed))
+        return [float(by_id.get(i, 1.0)) for i in sorted(names)]
+    unknown = sorted(set(weights) - set(names.values()))
+    if unknown:
+        raise LoraclsError(f"config: class_weights names unknown label(s) {', '.join(map(repr, unknown))} "
+                           f"(labels: {', '.join(names.values())})")
+    return [float(weights.get(names[i], 1.0)) for i in sorted(names)]

@@ -19,7 +19,7 @@ from loracls.calibration import CalibrationRecord, calibrate, softmax
 from loracls.baselines.zero_shot import prompt_setup, run_baseline
 from loracls.config import Config
 from loracls.data.batching import encode, encode_with_truncation
-from loracls.data.splits import Dataset, format_counts, load_dataset
+from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
 from loracls.jobs.preflight import preflight
@@ -64,7 +64,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     summary = _model_summary(job)
     del job.model, job.loaded  # the export starts from the saved adapter
     export = _export(job, ids["test"])
-    metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step),
+    metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step,
+                                                              job.config.select_by),
                       train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
                                          result.tokens_per_second, result.mfu),
                       model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
@@ -97,6 +98,9 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization)
     model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
     long_texts = _long_texts(loaded.tokenizer, dataset, config, log)
+    weights = class_weight_vector(config, dataset)  # unknown label names are refused before anything is written
+    if weights is not None:
+        log("loss: class weights " + ", ".join(f"{dataset.id2label[i]}={w:.3g}" for i, w in enumerate(weights)))
     if config.quantization == "none":
         model.to(runtime.device)
     if config.data_parallel == "fsdp" and distributed.world_size() > 1:

@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.metrics import f1_score
 from tqdm import tqdm
 from transformers import get_scheduler
 
 from loracls import files, runs
 from loracls.config import Config
 from loracls.data.batching import collate, encode, length_grouped_batches
-from loracls.data.splits import Dataset
+from loracls.data.splits import Dataset, class_weight_vector
 from loracls.errors import LoraclsError
 from loracls.hardware import peak_flops
 from loracls.metrics import prediction_rows
@@ -107,7 +108,7 @@ class Trainer:
         self._setup_data()
         self._setup_model()
         self._setup_optimizer()
-        self.state = LoopState(EarlyStopping(config.patience))
+        self.state = LoopState(EarlyStopping(config.patience, config.select_by))
         self.best_state: dict[str, torch.Tensor] = {}
 
     # --- set-up phases ----------------------------------------------------------------------------
@@ -119,6 +120,8 @@ class Trainer:
         self.validation_ids = encode(self.tokenizer, self.dataset.validation.texts, config.max_length, template)
         self.steps_per_epoch, self.total_steps = plan_steps(len(self.dataset.train), config, self.world)
         self.micro_batch_size = micro_batch_size(config, self.runtime.device)
+        weights = class_weight_vector(config, self.dataset)
+        self.class_weight = None if weights is None else torch.tensor(weights, device=self.runtime.device)
 
     def _setup_model(self) -> None:
         self.sharded = distributed.is_sharded(self.model)
@@ -184,7 +187,8 @@ class Trainer:
             with self.runtime.autocast:
                 logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
                                     attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
-            loss = F.cross_entropy(logits.float(), labels, reduction="sum") / len(group)
+            # a sum over the group divided by its size: the same gradient whatever the micro-batches or processes
+            loss = F.cross_entropy(logits.float(), labels, weight=self.class_weight, reduction="sum") / len(group)
             self.scaler.scale(loss).backward()
             total_loss += loss.item()
         if not self.sharded:  # FSDP has reduce-scattered them already
@@ -208,43 +212,46 @@ class Trainer:
 
     # --- validation -------------------------------------------------------------------------------
 
-    def _score_validation(self, step: int) -> tuple[float, float]:
-        """(accuracy, loss) on the validation split; rank 0 writes its predictions (finite ones only)."""
+    def _score_validation(self, step: int) -> tuple[float, float, float]:
+        """(accuracy, loss, macro-F1) on the validation split; rank 0 writes its predictions (finite ones only)."""
         if distributed.is_main() or self.sharded:  # a sharded forward needs every process
             probs = predict_probabilities(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size,
                                           self.runtime)
-        accuracy, loss = 0.0, 0.0
+        accuracy, loss, macro_f1 = 0.0, 0.0, 0.0
         if distributed.is_main():
             labels = np.asarray(self.dataset.validation.labels)
             if not np.isfinite(probs).all():
-                accuracy, loss = math.nan, math.nan
+                accuracy, loss, macro_f1 = math.nan, math.nan, math.nan
             else:
                 accuracy = float((probs.argmax(axis=1) == labels).mean())
+                macro_f1 = float(f1_score(labels, probs.argmax(axis=1), labels=sorted(self.dataset.id2label),
+                                          average="macro", zero_division=0))
                 loss = float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
                 rows = prediction_rows(self.dataset.validation.texts, labels.tolist(), probs, self.dataset.id2label)
                 files.write_jsonl(self.run / runs.PREDICTIONS / f"validation_step{step:05d}.jsonl", rows)
-        return distributed.broadcast_object((accuracy, loss))
+        return distributed.broadcast_object((accuracy, loss, macro_f1))
 
     def validate(self, step: int) -> None:
         """Score the validation split; keep the best adapter; stop on a non-finite validation."""
-        accuracy, loss = self._score_validation(step)
+        accuracy, loss, macro_f1 = self._score_validation(step)
         stopping = self.state.stopping
         if not (math.isfinite(accuracy) and math.isfinite(loss)):
             raise LoraclsError(f"validation at step {step} gave non-finite outputs: training stopped; the best adapter "
                                f"so far (step {stopping.best_step}) is kept in {self.run / runs.ADAPTER}; "
                                f"lower learning_rate")
-        improved = stopping.update(step, accuracy, loss)
+        improved = stopping.update(step, accuracy, loss, macro_f1)
         if improved:
             self.best_state = distributed.full_copy(self._trainable())
             if distributed.is_main():
                 files.replace_dir(self.run / runs.ADAPTER,
                                   lambda directory: self.model.save_pretrained(directory, state_dict=self.best_state))
         self._log_line({"step": step, "validation_accuracy": accuracy, "validation_loss": round(loss, 5),
-                        "best": stopping.best_accuracy, "improved": improved})
-        self.log(f"step {step}: validation accuracy {accuracy:.4f}, loss {loss:.4f} "
-                 f"(best {stopping.best_accuracy:.4f} at step {stopping.best_step})")
+                        "validation_macro_f1": round(macro_f1, 5), "best": stopping.best_accuracy, "improved": improved})
+        self.log(f"step {step}: validation accuracy {accuracy:.4f}, macro F1 {macro_f1:.4f}, loss {loss:.4f} "
+                 f"(best by {stopping.select_by}: step {stopping.best_step}, accuracy {stopping.best_accuracy:.4f})")
         if stopping.stopped:
-            self.log(f"early stop: {self.config.patience} validations without a better accuracy or a lower loss")
+            self.log(f"early stop: {self.config.patience} validations without a better {stopping.select_by} "
+                     f"or a lower loss")
 
     def restore_best(self) -> None:
         self._set_trainable(self.best_state)
