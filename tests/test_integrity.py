@@ -86,15 +86,15 @@ def test_json_files_refuse_nan(tmp_path):
 def test_a_nan_validation_stops_the_run_and_keeps_the_finite_best(gemma3_dir, data_csv, tmp_path, monkeypatch, capsys):
     import loracls.training.loop as loop
 
-    real = loop.predict_probabilities
+    real = loop.predict_logits
     calls = {"n": 0}
 
     def nan_on_the_second(*args, **kwargs):
         calls["n"] += 1
-        probs = real(*args, **kwargs)
-        return np.full_like(probs, np.nan) if calls["n"] == 2 else probs
+        logits = real(*args, **kwargs)
+        return np.full_like(logits, np.nan) if calls["n"] == 2 else logits
 
-    monkeypatch.setattr(loop, "predict_probabilities", nan_on_the_second)
+    monkeypatch.setattr(loop, "predict_logits", nan_on_the_second)
     assert main(["train", *tiny_overrides(gemma3_dir, data_csv, tmp_path, baseline=False)]) == 2
     assert "loracls: validation at step 20 gave non-finite outputs" in capsys.readouterr().err
     run = tmp_path / "run"

@@ -138,7 +138,7 @@ def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemm
 
     script = iter([probs_with(3, 0.6), probs_with(3, 0.7), probs_with(3, 0.7), probs_with(2, 0.99, 0.51),
                    probs_with(2, 0.9), probs_with(2, 0.9)])
-    monkeypatch.setattr(train_stage, "predict_probabilities", lambda *a, **k: next(script))
+    monkeypatch.setattr(train_stage, "predict_logits", lambda *a, **k: np.log(next(script)).astype(np.float32))
     steps = []
     for step in (10, 20, 30, 40, 50, 60):
         trainer.validate(step)

@@ -39,6 +39,9 @@ class Config:
     # (false: stratified); null: true for the embedded data set, false for yours
     allow_overlap: bool = False  # given splits sharing more than a small share of texts are refused unless true
     max_length: int = 256
+    long_text: str = "truncate"  # truncate | head_tail | chunks (texts longer than max_length)
+    chunk_stride: int | None = None  # chunks: tokens from one window's start to the next; null: half a window
+    chunk_training: str = "all"  # chunks: train on every window (with the text's label) or on the first only
     input_template: str | None = None  # e.g. "Review: {text}\nSentiment:"; the classifier reads its last token
     seed: int = 42
     # --- model ---
@@ -93,7 +96,8 @@ class Config:
                    "scheduler": ("cosine", "linear", "constant"),
                    "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
                    "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16"),
-                   "select_by": ("accuracy", "macro_f1", "loss")}
+                   "select_by": ("accuracy", "macro_f1", "loss"),
+                   "long_text": ("truncate", "head_tail", "chunks"), "chunk_training": ("all", "first")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -135,6 +139,7 @@ NUMBER_RANGES = {
     "eval_every": (1, None, False), "eval_batch_size": (1, None, False), "validation_size": (1, None, False),
     "test_size": (1, None, False), "train_size": (1, None, False), "max_steps": (1, None, False),
     "threads": (1, None, False), "micro_batch_size": (1, None, False), "patience": (1, None, False),
+    "chunk_stride": (1, None, False),
     "warmup_steps": (0, None, False), "seed": (0, 2**32 - 1, False),
     "learning_rate": (0.0, 10.0, True), "lora_alpha": (0.0, None, True), "lora_dropout": (0.0, 0.999, False),
     "weight_decay": (0.0, None, False), "max_grad_norm": (0.0, None, False),
@@ -281,3 +286,4 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         values.update(loaded)
     config = from_dict(values)
     return from_dict(parse_overrides(overrides or []), base=config)
+

@@ -4,7 +4,9 @@ evaluation batches, and dynamic padding to the longest sequence of a batch."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from loracls.errors import LoraclsError
@@ -12,6 +14,14 @@ from loracls.errors import LoraclsError
 def encode(tokenizer, texts: list[str], max_length: int, template: str | None = None) -> list[list[int]]:
     """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch)."""
     return encode_with_truncation(tokenizer, texts, max_length, template)[0]
+
+
+def _template_budget(tokenizer, max_length: int, template: str) -> int:
+    overhead = len(tokenizer(template.replace("{text}", ""))["input_ids"]) + 2
+    if overhead >= max_length:
+        raise LoraclsError(f"max_length {max_length} leaves no room for text: the input_template takes "
+                           f"{overhead - 2} tokens; raise max_length or shorten the template")
+    return max_length - overhead
 
 
 def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
@@ -22,11 +32,7 @@ def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
     text is shortened, never the template, so the pooled last token stays the template's last token.
     """
     if template is not None:
-        overhead = len(tokenizer(template.replace("{text}", ""))["input_ids"]) + 2
-        if overhead >= max_length:
-            raise LoraclsError(f"max_length {max_length} leaves no room for text: the input_template takes "
-                               f"{overhead - 2} tokens; raise max_length or shorten the template")
-        budget = max_length - overhead
+        budget = _template_budget(tokenizer, max_length, template)
         pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
         truncated = [len(ids) > budget for ids in pieces]
         texts = [template.replace("{text}", t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
@@ -39,6 +45,79 @@ def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
         return [list(ids) for ids in full], truncated
     out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
     return [list(ids) for ids in out], truncated
+
+
+@dataclass
+class Encoded:
+    """Token ids of some texts: one row per text, or (long_text: chunks) one row per window of a text."""
+    ids: list[list[int]]
+    owner: list[int]  # the text each row belongs to
+    long: list[bool]  # per text: longer than max_length (truncated, cut to head + tail, or chunked)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.ids)
+
+    def per_text(self, logits: np.ndarray) -> np.ndarray:
+        """A text's logits: its row's, or the mean of its windows' logits."""
+        if len(self.owner) == len(self.long):
+            return logits
+        out = np.zeros((len(self.long), logits.shape[1]), dtype=logits.dtype)
+        np.add.at(out, np.asarray(self.owner), logits)
+        return out / np.bincount(self.owner, minlength=len(self.long))[:, None]
+
+
+class TextEncoder:
+    """Texts -> token ids under a `long_text` policy for texts longer than max_length:
+    `truncate` (keep the start), `head_tail` (the first quarter and the last three quarters of the budget,
+    as Sun et al. 2019 found best for long reviews), or `chunks` (windows of max_length every `stride` tokens;
+    a text's prediction is the mean of its windows' logits)."""
+
+    def __init__(self, tokenizer, max_length: int, template: str | None = None, long_text: str = "truncate",
+                 stride: int | None = None):
+        self.tokenizer, self.max_length, self.template, self.long_text = tokenizer, max_length, template, long_text
+        self.budget = _template_budget(tokenizer, max_length, template) if template else max_length - self._frame_size()
+        self.stride = min(stride or max(self.budget // 2, 1), self.budget)
+
+    @classmethod
+    def for_config(cls, config, tokenizer, long_text: str | None = None) -> "TextEncoder":
+        """The encoder a run's config asks for; `long_text` overrides its mode (`truncate`: first windows only)."""
+        return cls(tokenizer, config.max_length, config.input_template, long_text or config.long_text,
+                   config.chunk_stride)
+
+    def _frame_size(self) -> int:
+        full = self.tokenizer("x")["input_ids"]
+        core = self.tokenizer("x", add_special_tokens=False)["input_ids"]
+        return len(full) - len(core)
+
+    def _frame(self, window: list[int]) -> list[int]:
+        """The window as the tokenizer would encode a text of exactly these tokens (its special tokens added)."""
+        if self.template is not None:
+            text = self.template.replace("{text}", self.tokenizer.decode(window))
+            return list(self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"])
+        full, core = self.tokenizer("x")["input_ids"], self.tokenizer("x", add_special_tokens=False)["input_ids"]
+        start = next(i for i in range(len(full)) if full[i:i + len(core)] == core)
+        return list(full[:start]) + list(window) + list(full[start + len(core):])
+
+    def encode(self, texts: list[str]) -> Encoded:
+        if self.long_text == "truncate":
+            ids, long = encode_with_truncation(self.tokenizer, texts, self.max_length, self.template)
+            return Encoded(ids, list(range(len(texts))), long)
+        pieces = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        plain, long = encode_with_truncation(self.tokenizer, texts, self.max_length, self.template)
+        ids, owner = [], []
+        for i, (text_ids, is_long) in enumerate(zip(pieces, long)):
+            windows = [plain[i]] if not is_long else self._windows(list(text_ids))
+            ids += windows
+            owner += [i] * len(windows)
+        return Encoded(ids, owner, long)
+
+    def _windows(self, text_ids: list[int]) -> list[list[int]]:
+        if self.long_text == "head_tail":
+            head = self.budget // 4
+            return [self._frame(text_ids[:head] + text_ids[len(text_ids) - (self.budget - head):])]
+        starts = range(0, max(len(text_ids) - self.budget, 0) + self.stride, self.stride)
+        return [self._frame(text_ids[s:s + self.budget]) for s in starts if s < len(text_ids)]
 
 
 def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, mega: int = 50) -> list[list[int]]:

@@ -5,13 +5,12 @@ weights stored in the compute precision chosen as in training, length-sorted bat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from loracls import files, runs
-from loracls.data.batching import encode_with_truncation
+from loracls.data.batching import Encoded, TextEncoder
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.inference.export import INPUT_FORMAT
@@ -21,16 +20,6 @@ from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.tokenizer import load_tokenizer
 from loracls.training.speedups import store_frozen_linears_in
-
-
-@dataclass
-class Encoded:
-    ids: list[list[int]]
-    truncated: list[bool]
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(x) for x in self.ids)
 
 
 class Classifier:
@@ -49,12 +38,15 @@ class Classifier:
         store_frozen_linears_in(self.model, self.runtime.dtype)  # no per-batch cast under autocast
         self.model.to(self.runtime.device).eval()
         self.labels = [self.id2label[i] for i in range(len(self.id2label))]
+        self.encoder = TextEncoder(self.tokenizer, self.max_length, self.input_template, self.long_text,
+                                   self.chunk_stride)
 
     def _from_run(self, run: Path, log, device: str | None, precision: str | None) -> None:
         runs.check_run_dir(str(run))
         config = runs.read_config(run)
         self.name, self.id2label = run.name, runs.read_labels(run)
         self.max_length, self.input_template = config.max_length, config.input_template
+        self.long_text, self.chunk_stride = config.long_text, config.chunk_stride
         self.batch_size = config.eval_batch_size
         self.temperature = runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)
         self.runtime = setup_runtime(device or config.device, precision or config.precision, config.threads)
@@ -86,6 +78,8 @@ class Classifier:
         self.input_template = fmt.get("input_template")
         self.max_length = int(fmt.get("max_length") or 512)
         self.temperature = float(fmt.get("temperature") or 1.0)
+        self.long_text = str(fmt.get("long_text") or "truncate")
+        self.chunk_stride = int(fmt["chunk_stride"]) if fmt.get("chunk_stride") else None
         self.batch_size = 32
         self.runtime = setup_runtime(device or "auto", precision or "auto", None)
 
@@ -94,8 +88,8 @@ class Classifier:
         return str(self.runtime.dtype).replace("torch.", "")
 
     def encode(self, texts: list[str]) -> Encoded:
-        ids, truncated = encode_with_truncation(self.tokenizer, texts, self.max_length, self.input_template)
-        return Encoded(ids, truncated)
+        """Token ids under the run's long_text policy (one row per text, or per window of a long text)."""
+        return self.encoder.encode(texts)
 
     def logits(self, ids: list[list[int]], progress: bool = False) -> np.ndarray:
         return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress)
@@ -105,5 +99,6 @@ class Classifier:
         return softmax(logits, self.temperature)
 
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        return self.calibrated(self.logits(self.encode(texts).ids, progress))
+        encoded = self.encode(texts)
+        return self.calibrated(encoded.per_text(self.logits(encoded.ids, progress)))
 

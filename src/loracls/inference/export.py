@@ -59,6 +59,7 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         # how callers must format their texts: the template (if any) and the length trained with
         files.write_json(staging / INPUT_FORMAT, {
             "input_template": config.input_template, "max_length": config.max_length,
+            "long_text": config.long_text, "chunk_stride": config.chunk_stride,
             "temperature": runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)})  # softmax(logits / T)
 
     files.replace_dir(run / runs.MERGED, fill)

@@ -77,7 +77,8 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
         raise LoraclsError(f"{target} already exists and is not empty")
     classifier = Classifier(run_path, log, device="cpu", precision="fp32")  # exported and checked in fp32 on the CPU
     test = load_dataset(config).test
-    ids = classifier.encode(test.texts).ids
+    encoded = classifier.encode(test.texts)
+    ids = encoded.ids
     pad = classifier.tokenizer.pad_token_id
     example = collate(ids[:2], pad)
     log(f"export: tracing {classifier.name} for ONNX (torch.onnx dynamo exporter) ...")
@@ -87,7 +88,9 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
         classifier.tokenizer.save_pretrained(staging)
         files.write_json(staging / INPUT_FORMAT, {"input_template": classifier.input_template,
                                                   "max_length": classifier.max_length,
-                                                  "temperature": classifier.temperature})
+                                                  "temperature": classifier.temperature,
+                                                  "long_text": classifier.long_text,
+                                                  "chunk_stride": classifier.chunk_stride})
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
     files.replace_dir(target, fill)
@@ -98,7 +101,7 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
     started = time.perf_counter()
     onnx_logits = _onnx_logits(session, ids, pad, classifier.batch_size)
     onnx_seconds = time.perf_counter() - started
-    a, b = softmax(torch_logits), softmax(onnx_logits)
+    a, b = softmax(encoded.per_text(torch_logits)), softmax(encoded.per_text(onnx_logits))
     check = {"format": "onnx", "file": str(target / "model.onnx"), "examples": len(ids),
              "max_probability_difference": float(np.abs(a - b).max()),
              "label_agreement": float((a.argmax(1) == b.argmax(1)).mean()),

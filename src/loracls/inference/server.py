@@ -141,10 +141,18 @@ def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, m
 
 
 async def _logits(classifier, batcher: Batcher, texts: list[str], metrics):
+    """Per-text logits (a long text's windows averaged under long_text: chunks) and the encoding."""
     encoded = classifier.encode(texts)
-    logits = await batcher.submit(encoded.ids)
+    logits = encoded.per_text(await batcher.submit(encoded.ids))
     metrics.texts.inc(len(texts))
     return encoded, logits
+
+
+def _usage(classifier, encoded) -> dict:
+    long = sum(encoded.long)
+    return {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens, "completion_tokens": 0,
+            "prompt_tokens_details": None, "max_length": classifier.max_length, "long_text": classifier.long_text,
+            "long_inputs": long, "truncated_inputs": 0 if classifier.long_text == "chunks" else long}
 
 
 def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
@@ -159,25 +167,23 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
                 "model": classifier.name,
                 "data": [{"index": i, "label": labels[int(row.argmax())], "probs": [float(p) for p in row],
                           "num_classes": len(labels)} for i, row in enumerate(probs)],
-                "usage": {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens, "completion_tokens": 0,
-                          "prompt_tokens_details": None, "truncated_inputs": sum(encoded.truncated),
-                          "max_length": classifier.max_length}}
+                "usage": _usage(classifier, encoded)}
 
     @app.post("/predict")
     async def predict(body: PredictRequest):
         single = isinstance(body.inputs, str)
         texts = [body.inputs] if single else body.inputs
         encoded = classifier.encode(texts)
-        if body.truncate is False and any(encoded.truncated):
-            first = encoded.truncated.index(True)
-            return error(413, "Validation", f"input {first} is longer than max_length {classifier.max_length} "
-                                            f"tokens and truncate is false")
-        logits = await batcher.submit(encoded.ids)
+        if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
+            return error(413, "Validation", f"input {encoded.long.index(True)} is longer than max_length "
+                                            f"{classifier.max_length} tokens and truncate is false")
+        logits = encoded.per_text(await batcher.submit(encoded.ids))
         metrics.texts.inc(len(texts))
         scores = logits if body.raw_scores else classifier.calibrated(logits)
         rows = [sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
                 for row in np.asarray(scores)]
-        return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(sum(encoded.truncated))})
+        usage = _usage(classifier, encoded)
+        return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(usage["truncated_inputs"])})
 
     @app.get("/health")
     async def health():
@@ -187,7 +193,7 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     async def info():
         return {"model": classifier.name, "source": classifier.source, "labels": labels,
                 "max_length": classifier.max_length, "input_template": classifier.input_template,
-                "temperature": classifier.temperature,
+                "temperature": classifier.temperature, "long_text": classifier.long_text,
                 "precision": classifier.precision, "device": str(classifier.runtime.device),
                 "max_batch_size": batcher.max_batch_size, "max_wait_ms": batcher.max_wait * 1000,
                 "max_queue": batcher.max_queue}

@@ -18,7 +18,7 @@ from loracls.baselines.tfidf import run_tfidf
 from loracls.calibration import CalibrationRecord, calibrate, softmax
 from loracls.baselines.zero_shot import prompt_setup, run_baseline
 from loracls.config import Config
-from loracls.data.batching import encode, encode_with_truncation
+from loracls.data.batching import Encoded, TextEncoder
 from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
@@ -54,16 +54,16 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     job = _prepare(config, log, resume)
     baselines = _baselines(job)
     result = _fit(job)
-    ids = {name: encode(job.loaded.tokenizer, getattr(job.dataset, name).texts, job.config.max_length,
-                        job.config.input_template) for name in ("validation", "test")}
-    logits = _best_logits(job, ids)
+    encoder = TextEncoder.for_config(job.config, job.loaded.tokenizer)
+    encoded = {name: encoder.encode(getattr(job.dataset, name).texts) for name in ("validation", "test")}
+    logits = _best_logits(job, encoded)
     if not distributed.is_main():
         return job.run
     calibration = _calibrate(job, logits)
     test = _write_test(job, softmax(logits["test"], calibration.temperature))
     summary = _model_summary(job)
     del job.model, job.loaded  # the export starts from the saved adapter
-    export = _export(job, ids["test"])
+    export = _export(job, encoded["test"].ids)
     metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step,
                                                               job.config.select_by),
                       train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
@@ -113,14 +113,17 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
 
 
 def _long_texts(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, int]:
-    """How many texts of each split are longer than max_length (and so truncated); said, never silent."""
-    counts = {}
+    """How many texts of each split are longer than max_length (and what `long_text` does with them); said,
+    never silent."""
+    counts, encoder = {}, TextEncoder.for_config(config, tokenizer)
+    done = {"truncate": "truncated", "head_tail": "cut to their head and tail", "chunks": "split into windows"}
     for name in ("train", "validation", "test"):
         texts = getattr(dataset, name).texts
-        counts[name] = sum(encode_with_truncation(tokenizer, texts, config.max_length, config.input_template)[1])
+        counts[name] = sum(encoder.encode(texts).long)
         if counts[name]:
             note = (f"data: {counts[name]} of {len(texts)} {name} texts ({100 * counts[name] / len(texts):.1f}%) are "
-                    f"longer than max_length {config.max_length} tokens and are truncated")
+                    f"longer than max_length {config.max_length} tokens and are {done[config.long_text]} "
+                    f"(long_text: {config.long_text})")
             dataset.notes.append(note)
             log(note)
     return counts
@@ -179,11 +182,12 @@ def _fit(job: Job) -> TrainResult:
     return result
 
 
-def _best_logits(job: Job, ids: dict[str, list[list[int]]]) -> dict[str, np.ndarray] | None:
-    """The best checkpoint's logits on the validation and test splits."""
+def _best_logits(job: Job, encoded: dict[str, Encoded]) -> dict[str, np.ndarray] | None:
+    """The best checkpoint's logits per text on the validation and test splits (windows averaged)."""
     if distributed.is_sharded(job.model) or distributed.is_main():  # a sharded forward needs every process
-        return {name: predict_logits(job.model, split_ids, job.loaded.tokenizer.pad_token_id,
-                                     job.config.eval_batch_size, job.runtime) for name, split_ids in ids.items()}
+        return {name: split.per_text(predict_logits(job.model, split.ids, job.loaded.tokenizer.pad_token_id,
+                                                    job.config.eval_batch_size, job.runtime))
+                for name, split in encoded.items()}
     return None
 
 

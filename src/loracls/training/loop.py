@@ -26,12 +26,12 @@ from transformers import get_scheduler
 
 from loracls import files, runs
 from loracls.config import Config
-from loracls.data.batching import collate, encode, length_grouped_batches
+from loracls.data.batching import TextEncoder, collate, length_grouped_batches
 from loracls.data.splits import Dataset, class_weight_vector
 from loracls.errors import LoraclsError
 from loracls.hardware import peak_flops
 from loracls.metrics import prediction_rows
-from loracls.model.scoring import predict_probabilities
+from loracls.model.scoring import predict_logits, softmax
 from loracls.training import checkpoint, distributed
 from loracls.training.mfu import mfu, train_flops_per_token
 from loracls.training.speedups import apply_speedups
@@ -114,11 +114,19 @@ class Trainer:
     # --- set-up phases ----------------------------------------------------------------------------
 
     def _setup_data(self) -> None:
-        config, template = self.config, self.config.input_template
+        """Token ids under the `long_text` policy: with chunks, every window of a long training text is an
+        example with the text's label (or only the first, `chunk_training: first`); validation texts are
+        scored by the mean of their windows' logits."""
+        config = self.config
         self.pad_id = self.tokenizer.pad_token_id
-        self.train_ids = encode(self.tokenizer, self.dataset.train.texts, config.max_length, template)
-        self.validation_ids = encode(self.tokenizer, self.dataset.validation.texts, config.max_length, template)
-        self.steps_per_epoch, self.total_steps = plan_steps(len(self.dataset.train), config, self.world)
+        first_only = config.long_text == "chunks" and config.chunk_training == "first"
+        train = TextEncoder.for_config(config, self.tokenizer, "truncate" if first_only else None).encode(
+            self.dataset.train.texts)
+        self.train_ids = train.ids
+        self.train_labels = [self.dataset.train.labels[i] for i in train.owner]
+        self.validation = TextEncoder.for_config(config, self.tokenizer).encode(self.dataset.validation.texts)
+        self.validation_ids = self.validation.ids
+        self.steps_per_epoch, self.total_steps = plan_steps(len(self.train_ids), config, self.world)
         self.micro_batch_size = micro_batch_size(config, self.runtime.device)
         weights = class_weight_vector(config, self.dataset)
         self.class_weight = None if weights is None else torch.tensor(weights, device=self.runtime.device)
@@ -183,7 +191,7 @@ class Trainer:
         for start in range(0, len(mine), self.micro_batch_size):
             indices = mine[start:start + self.micro_batch_size]
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
-            labels = torch.tensor([self.dataset.train.labels[i] for i in indices], device=self.runtime.device)
+            labels = torch.tensor([self.train_labels[i] for i in indices], device=self.runtime.device)
             with self.runtime.autocast:
                 logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
                                     attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
@@ -215,8 +223,9 @@ class Trainer:
     def _score_validation(self, step: int) -> tuple[float, float, float]:
         """(accuracy, loss, macro-F1) on the validation split; rank 0 writes its predictions (finite ones only)."""
         if distributed.is_main() or self.sharded:  # a sharded forward needs every process
-            probs = predict_probabilities(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size,
-                                          self.runtime)
+            logits = predict_logits(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size,
+                                    self.runtime)
+            probs = softmax(self.validation.per_text(logits))
         accuracy, loss, macro_f1 = 0.0, 0.0, 0.0
         if distributed.is_main():
             labels = np.asarray(self.dataset.validation.labels)
