@@ -46,6 +46,7 @@ class Config:
     seed: int = 42
     # --- model ---
     model: str = EMBEDDED_MODEL  # HF directory, hub id, .gguf file, or the embedded Gemma 3 270M
+    head_init: str = "zero"  # zero | verbalizer (the zero-shot prompt's label logits at step 0) | random
     # --- LoRA (PEFT's names) ---
     r: int = 8
     lora_alpha: float = 16.0
@@ -97,7 +98,8 @@ class Config:
                    "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
                    "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16"),
                    "select_by": ("accuracy", "macro_f1", "loss"),
-                   "long_text": ("truncate", "head_tail", "chunks"), "chunk_training": ("all", "first")}
+                   "long_text": ("truncate", "head_tail", "chunks"), "chunk_training": ("all", "first"),
+                   "head_init": ("zero", "verbalizer", "random")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -17,14 +17,14 @@ from loracls import files, runs
 from loracls.baselines.tfidf import run_tfidf
 from loracls.calibration import CalibrationRecord, calibrate, softmax
 from loracls.baselines.zero_shot import prompt_setup, run_baseline
-from loracls.config import Config
+from loracls.config import Config, from_dict
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
 from loracls.jobs.preflight import preflight
 from loracls.metrics import ClassificationMetrics, classification_metrics, format_metrics, prediction_rows
-from loracls.model.classifier import LoadedModel, load_classifier
+from loracls.model.classifier import LoadedModel, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
@@ -91,11 +91,15 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    if config.baseline and "zero_shot" in config.baselines:
+    if config.baseline and "zero_shot" in config.baselines or config.head_init == "verbalizer":
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
+    config = _prompt_as_input(config, dataset)
     model_dir = resolve_model_dir(config.model, log)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
-    loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization)
+    loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization,
+                             head_init="random" if config.head_init == "random" else "zero")
+    if config.head_init == "verbalizer":
+        _verbalizer_head(loaded, config, dataset, log)
     model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
     long_texts = _long_texts(loaded.tokenizer, dataset, config, log)
     weights = class_weight_vector(config, dataset)  # unknown label names are refused before anything is written
@@ -110,6 +114,24 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset)
     log(f"run directory: {run}")
     return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log, long_texts)
+
+
+def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
+    """head_init: verbalizer reads the label word's logits after the zero-shot prompt: without an input_template
+    of its own the classifier then reads that prompt (its {choices} filled in)."""
+    if config.head_init != "verbalizer" or config.input_template is not None:
+        return config
+    template, words = prompt_setup(config, dataset.id2label)
+    return from_dict({"input_template": template.replace("{choices}", ", ".join(words))}, base=config)
+
+
+def _verbalizer_head(loaded: LoadedModel, config: Config, dataset: Dataset, log) -> None:
+    _, words = prompt_setup(config, dataset.id2label)
+    ids = [loaded.tokenizer(" " + word, add_special_tokens=False)["input_ids"] for word in words]
+    init_head_from_verbalizers(loaded.model, loaded.model_dir, [token[0] for token in ids])
+    several = [w for w, token in zip(words, ids) if len(token) > 1]
+    log(f"head: initialised from the LM head rows of the verbalizers {', '.join(words)}"
+        + (f" (first token only for {', '.join(several)})" if several else ""))
 
 
 def _long_texts(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, int]:

@@ -69,8 +69,9 @@ def quantization_kwargs(quantization: str) -> dict:
 
 
 def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtype = torch.float32, log=print,
-                    quantization: str = "none") -> LoadedModel:
-    """Base decoder + a new classification head. Refuses checkpoints missing weights beyond the head."""
+                    quantization: str = "none", head_init: str = "zero") -> LoadedModel:
+    """Base decoder + a new classification head (zeros, or transformers' random init). Refuses checkpoints
+    missing weights beyond the head."""
     tokenizer = load_tokenizer(model_dir, log)
     try:
         config = AutoConfig.from_pretrained(str(model_dir))
@@ -89,7 +90,8 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
         raise LoraclsError(f"cannot load model weights from {model_dir}: {first_line(exc)}") from None
     check_loaded_weights(info, model_dir)
     check_no_offload(model)
-    zero_new_head(model, info)
+    if head_init == "zero":
+        zero_new_head(model, info)
     if quantization != "none":
         from peft import prepare_model_for_kbit_training
 
@@ -158,3 +160,29 @@ def load_standalone(directory: Path, dtype: torch.dtype = torch.float32) -> PreT
     """Load a merged model directory the way a user with plain transformers would."""
     remote_code = "auto_map" in json.loads((directory / "config.json").read_text())  # a generic-head export
     return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=dtype, trust_remote_code=remote_code)
+
+
+def lm_head_weight(model, model_dir: Path) -> torch.Tensor:
+    """The causal LM's output embedding: the input embedding when tied, else `lm_head.weight` read from the
+    checkpoint (a classifier does not load it)."""
+    if getattr(model.config, "tie_word_embeddings", False):
+        return model.get_input_embeddings().weight
+    from safetensors import safe_open
+
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as tensors:
+            if "lm_head.weight" in tensors.keys():
+                return tensors.get_tensor("lm_head.weight")
+    raise LoraclsError(f"head_init: verbalizer needs the LM head's weights, and {model_dir} has no lm_head.weight")
+
+
+def init_head_from_verbalizers(model, model_dir: Path, token_ids: list[int]) -> None:
+    """Row k of the classification head = the LM head's row for label k's verbalizer token, so that before
+    any training the classifier computes the zero-shot prompt's label logits (for one-token verbalizers)."""
+    head = next(getattr(model, name) for name in ("score", "classifier") if isinstance(getattr(model, name, None),
+                                                                                      torch.nn.Module))
+    rows = lm_head_weight(model, model_dir)[torch.tensor(token_ids)]
+    with torch.no_grad():
+        head.weight.copy_(rows.to(head.weight.dtype))
+        if getattr(head, "bias", None) is not None:
+            head.bias.zero_()
