@@ -184,7 +184,13 @@ def _inference_options(parser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _job_commands(sub)
+    _run_commands(sub)
+    return parser
 
+
+def _job_commands(sub) -> None:
+    """Commands that start from a config: train, baseline, sweep, bench, and doctor."""
     p = sub.add_parser("train", help="train a classifier (no config: the embedded default job)")
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -216,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(func=cmd_bench)
 
+
+
+def _run_commands(sub) -> None:
+    """Commands that start from a finished run (or a model): report, evaluate, predict, serve, export, modules."""
     p = sub.add_parser("report", help="one HTML page (and PNGs) for a finished run")
     p.add_argument("run")
     p.set_defaults(func=cmd_report)
@@ -258,7 +268,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="HF directory, .gguf, hub id, or embedded:gemma3-270m")
     p.add_argument("--pattern", action="append", help="target pattern to try (repeatable)")
     p.set_defaults(func=cmd_modules)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

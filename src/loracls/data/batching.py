@@ -142,10 +142,21 @@ def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, mega:
     return batches
 
 
-def sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Deterministic batches of similar length for evaluation (order restored by the caller)."""
+def sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Deterministic batches of similar length for evaluation (order restored by the caller): longest first,
+    at most `batch_size` texts and, with `max_tokens`, at most that many padded tokens a batch (a batch of
+    mixed lengths is then cut where padding would cost more than the budget allows)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for i in order:
+        current = batches[-1] if batches else None
+        full = current is None or len(current) >= batch_size or (
+            max_tokens is not None and (len(current) + 1) * lengths[current[0]] > max_tokens)
+        if full:
+            batches.append([i])
+        else:
+            current.append(i)
+    return batches
 
 
 def collate(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -91,8 +91,10 @@ class Classifier:
         """Token ids under the run's long_text policy (one row per text, or per window of a long text)."""
         return self.encoder.encode(texts)
 
-    def logits(self, ids: list[list[int]], progress: bool = False) -> np.ndarray:
-        return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress)
+    def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray:
+        """Row logits; `max_tokens` caps the padded tokens of one forward pass (the server's mixed batches)."""
+        return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress,
+                              max_tokens)
 
     def calibrated(self, logits: np.ndarray) -> np.ndarray:
         """Probabilities at the temperature fitted after training (1.0 for runs without one)."""

@@ -15,6 +15,7 @@ Retry-After) when more texts are queued than `max_queue`.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -30,6 +31,9 @@ from loracls.errors import first_line
 from loracls.inference.batcher import Batcher, Overloaded
 
 TextOrTexts = str | list[str]
+# A gathered batch mixes lengths; cutting it where padding would pass this many tokens per forward pass was
+# measured at 22-26 texts/s against 19-21 uncut (Rotten Tomatoes snippets, concurrency 32, this 2-core CPU).
+SERVE_MAX_TOKENS = 512
 
 
 def _check_texts(value):
@@ -114,7 +118,8 @@ class BodyLimit:
 def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, max_queue: int = 4096,
                max_body_bytes: int = 4 * 2**20) -> FastAPI:
     metrics = _Metrics()
-    batcher = Batcher(classifier.logits, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
+    score = functools.partial(classifier.logits, max_tokens=SERVE_MAX_TOKENS)
+    batcher = Batcher(score, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
     metrics.queued.set_function(lambda: batcher.queued_texts)
 
     @asynccontextmanager
@@ -219,19 +224,29 @@ def _error_handlers(app: FastAPI) -> None:
         return error(500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
 
 
+def listening_socket(host: str, port: int):
+    """A bound TCP socket. Its proto must say TCP (not 0): asyncio sets TCP_NODELAY only on accepted sockets
+    that do, and without it every response waited ~40 ms for Nagle's algorithm and the client's delayed ACK
+    (measured here: GET /health 44 ms, 1.9 ms with it; POST /classify 140 ms, 91 ms)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
 def serve(classifier, host: str, port: int, max_batch_size: int, max_wait_ms: float, max_queue: int,
           max_body_bytes: int, log=print) -> None:
     """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
     import signal
-    import socket
 
     import uvicorn
 
     app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))  # bound here so that port 0 gives a free port we can print
+    sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
     bound = sock.getsockname()[1]
     log(f"serve: {classifier.name} ({', '.join(classifier.labels)}) on {classifier.runtime.device}, "
         f"{classifier.precision}; listening on http://{host}:{bound} (max batch {max_batch_size}, "

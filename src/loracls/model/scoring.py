@@ -14,14 +14,15 @@ PROGRESS_FROM = 2000  # texts: below this a progress bar is noise
 
 
 @torch.inference_mode()
-def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False) -> np.ndarray:
+def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False,
+                   max_tokens: int | None = None) -> np.ndarray:
     """Logits [n, num_labels] (float32) in the input order; a progress bar with texts/s on long inputs."""
     was_training = model.training
     model.eval()
     out = None
     bar = tqdm(total=len(ids), unit="text", desc="predict", file=sys.stderr, mininterval=1.0,
                disable=not progress or len(ids) < PROGRESS_FROM)
-    for batch_indices in sorted_batches([len(x) for x in ids], batch_size):
+    for batch_indices in sorted_batches([len(x) for x in ids], batch_size, max_tokens):
         batch = collate([ids[i] for i in batch_indices], pad_id)
         with runtime.autocast:
             logits = model(input_ids=batch["input_ids"].to(runtime.device),
