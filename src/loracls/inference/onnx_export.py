@@ -44,6 +44,9 @@ def _require_onnx():
 
 
 def _export(model, example: dict, target: Path) -> None:
+    import logging
+
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's registry warnings are not ours to show
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     try:
