@@ -162,3 +162,17 @@ def test_qlora_step_or_its_clear_refusal(gemma3_dir, data_csv, tmp_path, capsys)
     else:
         assert main(["train", *args]) == 0
         assert json.loads((tmp_path / "run" / "metrics.json").read_text())["train"]["steps"] > 0
+
+
+def test_serve_on_the_gpu(gpu_run):
+    from test_serve import Server
+
+    server = Server(gpu_run)
+    try:
+        info = server.client.get("/info").json()
+        assert info["device"].startswith("cuda") and info["precision"] == "bfloat16"
+        body = server.client.post("/classify", json={"input": ["good great film", "awful dull plot"]}).json()
+        assert [d["num_classes"] for d in body["data"]] == [2, 2]
+        assert all(abs(sum(d["probs"]) - 1) < 1e-4 for d in body["data"])
+    finally:
+        assert server.stop() == 0
