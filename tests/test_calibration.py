@@ -12,7 +12,7 @@ from loracls.cli import main
 def test_temperature_undoes_overconfidence():
     rng = np.random.default_rng(0)
     true_logits = rng.normal(0, 1.5, size=(6000, 3))
-    labels = [int(rng.choice(3, p=p)) for p in softmax(true_logits)]
+    labels = [int(rng.choice(3, p=p / p.sum())) for p in softmax(true_logits)]  # float32 sums: renormalised
     assert fit_temperature(3.0 * true_logits, labels) == pytest.approx(3.0, rel=0.1)
     assert fit_temperature(0.5 * true_logits, labels) == pytest.approx(0.5, rel=0.1)
     record = calibrate(3.0 * true_logits[:3000], labels[:3000], 3.0 * true_logits[3000:], labels[3000:])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from scipy.optimize import minimize_scalar
 from sklearn.metrics import log_loss
 
@@ -38,10 +39,20 @@ class CalibrationRecord:
     note: str | None = None  # why the temperature was not fitted (kept at 1)
 
 
+def check_temperature(value: float) -> float:
+    """A temperature read back from a file: positive and finite, else ValueError."""
+    if not (0 < value < float("inf")):
+        raise ValueError(f"temperature must be a positive finite number, got {value}")
+    return value
+
+
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    z = logits.astype(np.float64) / temperature
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
+    """Probabilities (float64) from logits at a temperature, computed as torch computes them (in float32):
+    the one softmax of validation, test, predict and serve."""
+    z = torch.from_numpy(np.asarray(logits, dtype=np.float32))
+    if temperature != 1.0:
+        z = z / temperature
+    return torch.softmax(z, dim=-1).numpy().astype(np.float64)
 
 
 def fit_temperature(logits: np.ndarray, labels: list[int]) -> float | None:

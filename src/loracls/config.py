@@ -275,17 +275,20 @@ def from_dict(values: dict, base: Config | None = None) -> Config:
     return Config(**merged).validate()
 
 
+def read_mapping(path: Path, what: str) -> dict:
+    """A YAML file that holds a mapping of key: value (a config file, a run's config.yaml); read as UTF-8,
+    anything else is one line."""
+    text = files.read_text(Path(path), what)
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise LoraclsError(f"{what} {path} is not valid YAML: {first_line(exc)}") from None
+    if not isinstance(loaded, dict):
+        raise LoraclsError(f"{what} {path} must hold a mapping of key: value")
+    return loaded
+
+
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    values: dict = {}
-    if path is not None:
-        text = files.read_text(Path(path), "config file")
-        try:
-            loaded = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise LoraclsError(f"config file {path} is not valid YAML: {first_line(exc)}") from None
-        if not isinstance(loaded, dict):
-            raise LoraclsError(f"config file {path} must hold a mapping of key: value")
-        values.update(loaded)
-    config = from_dict(values)
+    config = from_dict(read_mapping(Path(path), "config file") if path is not None else {})
     return from_dict(parse_overrides(overrides or []), base=config)
 

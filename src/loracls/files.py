@@ -78,12 +78,6 @@ def append_jsonl(path: Path, row: dict) -> None:
         fh.write(line)
 
 
-def make_dir(path: Path) -> Path:
-    """A directory with the umask's permissions (its parents too)."""
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _apply_umask(directory: Path) -> None:
     """Give everything under `directory` the umask's permissions: mkdtemp makes 0700, and some writers
     (safetensors) make their files 0600 whatever the umask."""

@@ -16,9 +16,9 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from loracls import files
-from loracls.config import check_run_name
-from loracls.errors import LoraclsError, first_line
-from loracls.calibration import CalibrationRecord
+from loracls.calibration import CalibrationRecord, check_temperature
+from loracls.config import check_run_name, from_dict, read_mapping
+from loracls.errors import LoraclsError
 from loracls.metrics import ClassificationMetrics
 
 # file names inside a run directory
@@ -155,9 +155,10 @@ def read_temperature(path: Path) -> float:
     if not path.is_file():
         return 1.0
     value = parse_record(dict[str, float], files.read_json(path, "run file"), str(path)).get("temperature", 1.0)
-    if not (value > 0 and value < float("inf")):
-        raise LoraclsError(f"{path}: temperature must be a positive finite number, got {value}")
-    return value
+    try:
+        return check_temperature(value)
+    except ValueError as exc:
+        raise LoraclsError(f"{path}: {exc}") from None
 
 
 def read_env(run: Path) -> dict[str, str | int | float | bool | None]:
@@ -182,15 +183,8 @@ def write_labels(run: Path, id2label: dict[int, str]) -> None:
 
 def read_config(run: Path):
     """The Config a run was made with (its config.yaml), checked like any other config."""
-    from loracls.config import from_dict
-
     path = Path(run) / CONFIG
-    try:
-        values = yaml.safe_load(files.read_text(path, "run file")) or {}
-    except yaml.YAMLError as exc:
-        raise LoraclsError(f"{path} is not valid YAML: {first_line(exc)}") from None
-    if not isinstance(values, dict):
-        raise LoraclsError(f"{path} must hold a mapping of key: value")
+    values = read_mapping(path, "run file")
     try:
         return from_dict(values)
     except LoraclsError as exc:
@@ -209,7 +203,7 @@ def new_run_dir(output_dir: str, run_name: str | None) -> Path:
     path = Path(output_dir) / name
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise LoraclsError(f"run directory {path} already exists and is not empty (choose another run_name)")
-    files.make_dir(path / PREDICTIONS)
+    (path / PREDICTIONS).mkdir(parents=True, exist_ok=True)
     return path
 
 

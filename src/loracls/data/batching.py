@@ -76,8 +76,11 @@ class TextEncoder:
     def __init__(self, tokenizer, max_length: int, template: str | None = None, long_text: str = "truncate",
                  stride: int | None = None):
         self.tokenizer, self.max_length, self.template, self.long_text = tokenizer, max_length, template, long_text
-        self.budget = _template_budget(tokenizer, max_length, template) if template else max_length - self._frame_size()
-        self.stride = min(stride or max(self.budget // 2, 1), self.budget)
+        if long_text != "truncate":  # the text budget and framing of windows, worked out once
+            self.prefix, self.suffix = self._special_tokens()
+            self.budget = (_template_budget(tokenizer, max_length, template) if template
+                           else max_length - len(self.prefix) - len(self.suffix))
+            self.stride = min(stride or max(self.budget // 2, 1), self.budget)
 
     @classmethod
     def for_config(cls, config, tokenizer, long_text: str | None = None) -> "TextEncoder":
@@ -85,19 +88,19 @@ class TextEncoder:
         return cls(tokenizer, config.max_length, config.input_template, long_text or config.long_text,
                    config.chunk_stride)
 
-    def _frame_size(self) -> int:
-        full = self.tokenizer("x")["input_ids"]
-        core = self.tokenizer("x", add_special_tokens=False)["input_ids"]
-        return len(full) - len(core)
+    def _special_tokens(self) -> tuple[list[int], list[int]]:
+        """The tokens the tokenizer puts before and after a text's own (e.g. BOS), read once from a probe."""
+        full = list(self.tokenizer("x")["input_ids"])
+        core = list(self.tokenizer("x", add_special_tokens=False)["input_ids"])
+        start = next(i for i in range(len(full)) if full[i:i + len(core)] == core)
+        return full[:start], full[start + len(core):]
 
     def _frame(self, window: list[int]) -> list[int]:
         """The window as the tokenizer would encode a text of exactly these tokens (its special tokens added)."""
         if self.template is not None:
             text = self.template.replace("{text}", self.tokenizer.decode(window))
             return list(self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"])
-        full, core = self.tokenizer("x")["input_ids"], self.tokenizer("x", add_special_tokens=False)["input_ids"]
-        start = next(i for i in range(len(full)) if full[i:i + len(core)] == core)
-        return list(full[:start]) + list(window) + list(full[start + len(core):])
+        return self.prefix + list(window) + self.suffix
 
     def encode(self, texts: list[str]) -> Encoded:
         if self.long_text == "truncate":

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from loracls import files, runs
+from loracls import runs
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.inference.export import INPUT_FORMAT
+from loracls.inference.export import InputFormat
 from loracls.model.classifier import load_classifier, load_standalone
 from loracls.calibration import softmax
 from loracls.model.scoring import predict_logits
@@ -73,13 +73,9 @@ class Classifier:
         self.tokenizer = load_tokenizer(directory, log)
         self.name, self.source = directory.name, str(directory)
         self.id2label = {int(i): str(name) for i, name in self.model.config.id2label.items()}
-        fmt = files.read_json(directory / INPUT_FORMAT, "model file") if (directory / INPUT_FORMAT).is_file() else {}
-        fmt = runs.parse_record(dict[str, str | int | float | None], fmt, str(directory / INPUT_FORMAT))
-        self.input_template = fmt.get("input_template")
-        self.max_length = int(fmt.get("max_length") or 512)
-        self.temperature = float(fmt.get("temperature") or 1.0)
-        self.long_text = str(fmt.get("long_text") or "truncate")
-        self.chunk_stride = int(fmt["chunk_stride"]) if fmt.get("chunk_stride") else None
+        fmt = InputFormat.read(directory)
+        self.input_template, self.max_length, self.temperature = fmt.input_template, fmt.max_length, fmt.temperature
+        self.long_text, self.chunk_stride = fmt.long_text, fmt.chunk_stride
         self.batch_size = 32
         self.runtime = setup_runtime(device or "auto", precision or "auto", None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from peft import PeftModel
 
 from loracls import files, runs
+from loracls.calibration import check_temperature
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
 from loracls.model.classifier import is_generic, load_classifier, load_standalone, write_generic_module
@@ -19,7 +21,33 @@ from loracls.runs import ExportCheck
 # nothing but rounding; bf16 weights (8 bits of mantissa) move probabilities by up to about a percent
 TIE_MARGINS = {"fp32": 1e-3, "bf16": 5e-2}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-INPUT_FORMAT = "loracls_input.json"  # the merged model's input template, for callers
+INPUT_FORMAT = "loracls_input.json"  # how callers must turn texts into inputs and logits into probabilities
+
+
+@dataclass
+class InputFormat:
+    """loracls_input.json beside an exported model (merged/, onnx/): the template and length trained with,
+    what happens to longer texts, and the temperature of the calibrated softmax(logits / T)."""
+    input_template: str | None = None
+    max_length: int = 512
+    long_text: str = "truncate"
+    chunk_stride: int | None = None
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        check_temperature(self.temperature)
+
+    @classmethod
+    def of_run(cls, config, temperature: float) -> "InputFormat":
+        return cls(config.input_template, config.max_length, config.long_text, config.chunk_stride, temperature)
+
+    def write(self, directory: Path) -> None:
+        runs.write_record(directory / INPUT_FORMAT, self)
+
+    @classmethod
+    def read(cls, directory: Path) -> "InputFormat":
+        path = directory / INPUT_FORMAT
+        return runs.read_record(path, cls) if path.is_file() else cls()
 
 
 def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray, dtype: str = "fp32") -> ExportCheck:
@@ -56,11 +84,7 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         loaded.tokenizer.save_pretrained(staging)
         if generic:
             write_generic_module(staging, type(merged))
-        # how callers must format their texts: the template (if any) and the length trained with
-        files.write_json(staging / INPUT_FORMAT, {
-            "input_template": config.input_template, "max_length": config.max_length,
-            "long_text": config.long_text, "chunk_stride": config.chunk_stride,
-            "temperature": runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)})  # softmax(logits / T)
+        InputFormat.of_run(config, runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)).write(staging)
 
     files.replace_dir(run / runs.MERGED, fill)
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)
@@ -78,18 +102,19 @@ def remerge(run_path: str, dtype: str, log=print) -> ExportCheck:
     """`loracls export RUN --format merged --dtype D`: write run/merged again with weights in D, checked like
     the train job's export; metrics.json's export record is updated."""
     from loracls.config import from_dict
-    from loracls.data.batching import encode
+    from loracls.data.batching import TextEncoder
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.source import resolve_model_dir
+    from loracls.model.tokenizer import load_tokenizer
 
     run = runs.check_run_dir(run_path)
     config = from_dict({"merge_dtype": dtype}, base=runs.read_config(run))
     id2label = runs.read_labels(run)
     metrics = runs.read_metrics(run) if (run / runs.METRICS).is_file() else None
     model_dir = resolve_model_dir(config.model, log)
-    loaded = load_classifier(model_dir, id2label, log=lambda *_: None)
-    ids = encode(loaded.tokenizer, load_dataset(config).test.texts, config.max_length, config.input_template)
+    encoder = TextEncoder.for_config(config, load_tokenizer(model_dir, lambda *_: None))
+    ids = encoder.encode(load_dataset(config).test.texts).ids  # the rows the train job's export check scored
     runtime = setup_runtime(config.device, config.precision, config.threads)
     check = export_merged(run, model_dir, id2label, ids, config, runtime, log)
     if metrics is not None:

@@ -13,12 +13,13 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.data.batching import collate, sorted_batches
+from loracls.calibration import softmax
+from loracls.data.batching import collate
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError, first_line
 from loracls.inference.engine import Classifier
-from loracls.inference.export import INPUT_FORMAT
-from loracls.model.scoring import predict_logits, softmax
+from loracls.inference.export import InputFormat
+from loracls.model.scoring import batched_logits, predict_logits
 
 ONNX_DIR = "onnx"
 MATCH_TOLERANCE = 1e-3  # max probability difference accepted between onnxruntime and PyTorch (both fp32)
@@ -59,14 +60,8 @@ def _export(model, example: dict, target: Path) -> None:
 
 
 def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
-    out = None
-    for indices in sorted_batches([len(x) for x in ids], batch_size):
-        batch = collate([ids[i] for i in indices], pad_id)
-        logits = session.run(None, {k: v.numpy() for k, v in batch.items()})[0]
-        if out is None:
-            out = np.zeros((len(ids), logits.shape[1]), dtype=np.float32)
-        out[indices] = logits
-    return out
+    return batched_logits(ids, pad_id, batch_size,
+                          lambda batch: session.run(None, {k: v.numpy() for k, v in batch.items()})[0])
 
 
 def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
@@ -89,11 +84,8 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
     def fill(staging: Path) -> None:
         _export(classifier.model, example, staging / "model.onnx")
         classifier.tokenizer.save_pretrained(staging)
-        files.write_json(staging / INPUT_FORMAT, {"input_template": classifier.input_template,
-                                                  "max_length": classifier.max_length,
-                                                  "temperature": classifier.temperature,
-                                                  "long_text": classifier.long_text,
-                                                  "chunk_stride": classifier.chunk_stride})
+        InputFormat(classifier.input_template, classifier.max_length, classifier.long_text, classifier.chunk_stride,
+                    classifier.temperature).write(staging)
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
     files.replace_dir(target, fill)
@@ -105,12 +97,12 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
     onnx_logits = _onnx_logits(session, ids, pad, classifier.batch_size)
     onnx_seconds = time.perf_counter() - started
     a, b = softmax(encoded.per_text(torch_logits)), softmax(encoded.per_text(onnx_logits))
-    check = {"format": "onnx", "file": str(target / "model.onnx"), "examples": len(ids),
+    check = {"format": "onnx", "file": str(target / "model.onnx"), "examples": len(a),
              "max_probability_difference": float(np.abs(a - b).max()),
              "label_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
-             "torch_texts_per_second": len(ids) / torch_seconds, "onnxruntime_texts_per_second": len(ids) / onnx_seconds}
+             "torch_texts_per_second": len(a) / torch_seconds, "onnxruntime_texts_per_second": len(a) / onnx_seconds}
     files.write_json(target / "export_check.json", check)
-    log(f"export: {target / 'model.onnx'}; on {len(ids)} test texts onnxruntime vs PyTorch (fp32, CPU): max "
+    log(f"export: {target / 'model.onnx'}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max "
         f"probability difference {check['max_probability_difference']:.2e}, labels agree on "
         f"{100 * check['label_agreement']:.2f}%; {check['onnxruntime_texts_per_second']:.1f} vs "
         f"{check['torch_texts_per_second']:.1f} texts/s")

@@ -145,12 +145,12 @@ def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, m
     return BodyLimit(app, max_body_bytes)
 
 
-async def _logits(classifier, batcher: Batcher, texts: list[str], metrics):
-    """Per-text logits (a long text's windows averaged under long_text: chunks) and the encoding."""
-    encoded = classifier.encode(texts)
+async def _logits(batcher: Batcher, encoded, metrics) -> np.ndarray:
+    """Per-text logits, computed in some batch with other requests' texts (a long text's windows averaged
+    under long_text: chunks)."""
     logits = encoded.per_text(await batcher.submit(encoded.ids))
-    metrics.texts.inc(len(texts))
-    return encoded, logits
+    metrics.texts.inc(len(encoded.long))
+    return logits
 
 
 def _usage(classifier, encoded) -> dict:
@@ -165,9 +165,8 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
 
     @app.post("/classify")
     async def classify(body: ClassifyRequest):
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        encoded, logits = await _logits(classifier, batcher, texts, metrics)
-        probs = classifier.calibrated(logits)
+        encoded = classifier.encode([body.input] if isinstance(body.input, str) else body.input)
+        probs = classifier.calibrated(await _logits(batcher, encoded, metrics))
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": classifier.name,
                 "data": [{"index": i, "label": labels[int(row.argmax())], "probs": [float(p) for p in row],
@@ -182,8 +181,7 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
         if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
             return error(413, "Validation", f"input {encoded.long.index(True)} is longer than max_length "
                                             f"{classifier.max_length} tokens and truncate is false")
-        logits = encoded.per_text(await batcher.submit(encoded.ids))
-        metrics.texts.inc(len(texts))
+        logits = await _logits(batcher, encoded, metrics)
         scores = logits if body.raw_scores else classifier.calibrated(logits)
         rows = [sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
                 for row in np.asarray(scores)]

@@ -45,7 +45,7 @@ class Job:
     run: Path
     resumed: bool
     log: object
-    long_texts: dict[str, int]  # split -> texts longer than max_length
+    encoded: dict[str, Encoded]  # split -> its token ids under the long_text policy
 
 
 def train(config: Config | None, log=print, resume: str | None = None) -> Path:
@@ -54,8 +54,7 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     job = _prepare(config, log, resume)
     baselines = _baselines(job)
     result = _fit(job)
-    encoder = TextEncoder.for_config(job.config, job.loaded.tokenizer)
-    encoded = {name: encoder.encode(getattr(job.dataset, name).texts) for name in ("validation", "test")}
+    encoded = {name: job.encoded[name] for name in ("validation", "test")}
     logits = _best_logits(job, encoded)
     if not distributed.is_main():
         return job.run
@@ -70,7 +69,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
                                          result.tokens_per_second, result.mfu),
                       model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
                       baseline=baselines,
-                      export=export, data_notes=job.dataset.notes, long_texts=job.long_texts, calibration=calibration)
+                      export=export, data_notes=job.dataset.notes,
+                      long_texts={name: sum(split.long) for name, split in job.encoded.items()}, calibration=calibration)
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     _say_done(job, metrics)
@@ -101,7 +101,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     if config.head_init == "verbalizer":
         _verbalizer_head(loaded, config, dataset, log)
     model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
-    long_texts = _long_texts(loaded.tokenizer, dataset, config, log)
+    encoded = _encode_splits(loaded.tokenizer, dataset, config, log)
     weights = class_weight_vector(config, dataset)  # unknown label names are refused before anything is written
     if weights is not None:
         log("loss: class weights " + ", ".join(f"{dataset.id2label[i]}={w:.3g}" for i, w in enumerate(weights)))
@@ -113,7 +113,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset)
     log(f"run directory: {run}")
-    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log, long_texts)
+    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log, encoded)
 
 
 def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
@@ -134,21 +134,22 @@ def _verbalizer_head(loaded: LoadedModel, config: Config, dataset: Dataset, log)
         + (f" (first token only for {', '.join(several)})" if several else ""))
 
 
-def _long_texts(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, int]:
-    """How many texts of each split are longer than max_length (and what `long_text` does with them); said,
-    never silent."""
-    counts, encoder = {}, TextEncoder.for_config(config, tokenizer)
+def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, Encoded]:
+    """Every split's token ids under the long_text policy; how many texts are longer than max_length (and
+    what `long_text` does with them) is said, never silent."""
+    encoded, encoder = {}, TextEncoder.for_config(config, tokenizer)
     done = {"truncate": "truncated", "head_tail": "cut to their head and tail", "chunks": "split into windows"}
     for name in ("train", "validation", "test"):
         texts = getattr(dataset, name).texts
-        counts[name] = sum(encoder.encode(texts).long)
-        if counts[name]:
-            note = (f"data: {counts[name]} of {len(texts)} {name} texts ({100 * counts[name] / len(texts):.1f}%) are "
+        encoded[name] = encoder.encode(texts)
+        count = sum(encoded[name].long)
+        if count:
+            note = (f"data: {count} of {len(texts)} {name} texts ({100 * count / len(texts):.1f}%) are "
                     f"longer than max_length {config.max_length} tokens and are {done[config.long_text]} "
                     f"(long_text: {config.long_text})")
             dataset.notes.append(note)
             log(note)
-    return counts
+    return encoded
 
 
 def _new_run(config: Config, runtime: Runtime, dataset: Dataset) -> Path:

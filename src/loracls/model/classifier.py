@@ -14,9 +14,10 @@ from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from loracls.errors import LoraclsError, first_line
+from loracls.model.lora import HEAD_NAMES, head_name
 from loracls.model.tokenizer import load_tokenizer
 
-HEAD_PREFIXES = ("score.", "classifier.")
+HEAD_PREFIXES = tuple(f"{name}." for name in HEAD_NAMES)
 GENERIC_MODULE = "modeling_loracls_generic.py"
 
 
@@ -179,8 +180,7 @@ def lm_head_weight(model, model_dir: Path) -> torch.Tensor:
 def init_head_from_verbalizers(model, model_dir: Path, token_ids: list[int]) -> None:
     """Row k of the classification head = the LM head's row for label k's verbalizer token, so that before
     any training the classifier computes the zero-shot prompt's label logits (for one-token verbalizers)."""
-    head = next(getattr(model, name) for name in ("score", "classifier") if isinstance(getattr(model, name, None),
-                                                                                      torch.nn.Module))
+    head = getattr(model, head_name(model))
     rows = lm_head_weight(model, model_dir)[torch.tensor(token_ids)]
     with torch.no_grad():
         head.weight.copy_(rows.to(head.weight.dtype))

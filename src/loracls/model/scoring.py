@@ -8,38 +8,45 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from loracls.calibration import softmax
 from loracls.data.batching import collate, sorted_batches
 
 PROGRESS_FROM = 2000  # texts: below this a progress bar is noise
 
 
-@torch.inference_mode()
-def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False,
+def batched_logits(ids: list[list[int]], pad_id: int, batch_size: int, forward, progress: bool = False,
                    max_tokens: int | None = None) -> np.ndarray:
-    """Logits [n, num_labels] (float32) in the input order; a progress bar with texts/s on long inputs."""
-    was_training = model.training
-    model.eval()
+    """Logits [n, num_labels] (float32) in the input order from `forward(padded batch) -> logits`, over
+    length-sorted batches; a progress bar with texts/s on long inputs."""
     out = None
     bar = tqdm(total=len(ids), unit="text", desc="predict", file=sys.stderr, mininterval=1.0,
                disable=not progress or len(ids) < PROGRESS_FROM)
     for batch_indices in sorted_batches([len(x) for x in ids], batch_size, max_tokens):
-        batch = collate([ids[i] for i in batch_indices], pad_id)
-        with runtime.autocast:
-            logits = model(input_ids=batch["input_ids"].to(runtime.device),
-                           attention_mask=batch["attention_mask"].to(runtime.device)).logits
-        logits = logits.float().cpu().numpy()
+        logits = forward(collate([ids[i] for i in batch_indices], pad_id))
         if out is None:
             out = np.zeros((len(ids), logits.shape[1]), dtype=np.float32)
         out[batch_indices] = logits
         bar.update(len(batch_indices))
     bar.close()
-    model.train(was_training)
     return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Probabilities (float64) from float32 logits, computed as torch computes them."""
-    return torch.softmax(torch.from_numpy(logits), dim=-1).numpy().astype(np.float64)
+@torch.inference_mode()
+def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False,
+                   max_tokens: int | None = None) -> np.ndarray:
+    """A torch model's logits for `ids` (see batched_logits), under the runtime's device and autocast."""
+    def forward(batch: dict) -> np.ndarray:
+        with runtime.autocast:
+            logits = model(input_ids=batch["input_ids"].to(runtime.device),
+                           attention_mask=batch["attention_mask"].to(runtime.device)).logits
+        return logits.float().cpu().numpy()
+
+    was_training = model.training
+    model.eval()
+    try:
+        return batched_logits(ids, pad_id, batch_size, forward, progress, max_tokens)
+    finally:
+        model.train(was_training)
 
 
 def predict_probabilities(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime,

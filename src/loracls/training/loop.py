@@ -25,13 +25,14 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 from loracls import files, runs
+from loracls.calibration import softmax
 from loracls.config import Config
 from loracls.data.batching import TextEncoder, collate, length_grouped_batches
 from loracls.data.splits import Dataset, class_weight_vector
 from loracls.errors import LoraclsError
 from loracls.hardware import peak_flops
 from loracls.metrics import prediction_rows
-from loracls.model.scoring import predict_logits, softmax
+from loracls.model.scoring import predict_logits
 from loracls.training import checkpoint, distributed
 from loracls.training.mfu import mfu, train_flops_per_token
 from loracls.training.speedups import apply_speedups
