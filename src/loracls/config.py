@@ -32,6 +32,8 @@ class Config:
     text_column: str = "text"
     label_column: str = "label"
     labels: list[str] | None = None  # label names in id order; default: sorted names found in the data
+    problem: str = "single_label"  # single_label (one label a text, softmax) | multi_label (a set, sigmoid)
+    label_separator: str | None = None  # multi_label: splits a text label cell ("a|b"); lists need none
     train_size: int | None = 5000  # None: everything left after validation and test
     validation_size: int = 800
     test_size: int = 1200
@@ -60,7 +62,8 @@ class Config:
     micro_batch_size: int | None = None  # examples per forward/backward; None: whole step on CPU, batch_size on GPU
     epochs: int = 3
     max_steps: int | None = None  # optimizer steps; None: epochs decide
-    warmup_steps: int = 100
+    min_steps: int | None = None  # optimizer steps at least: a small data set repeats epochs; None: epochs decide
+    warmup_steps: int = 100  # at most a quarter of all steps (a short run is not all warmup)
     scheduler: str = "cosine"
     max_grad_norm: float = 1.0
     class_weights: str | dict[str, float] = "none"  # none | balanced | {label: weight}: weights in the loss
@@ -99,7 +102,7 @@ class Config:
                    "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16"),
                    "select_by": ("accuracy", "macro_f1", "loss"),
                    "long_text": ("truncate", "head_tail", "chunks"), "chunk_training": ("all", "first"),
-                   "head_init": ("zero", "verbalizer", "random")}
+                   "head_init": ("zero", "verbalizer", "random"), "problem": ("single_label", "multi_label")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -112,6 +115,7 @@ class Config:
         if self.run_name is not None:
             check_run_name(self.run_name)
         self._check_class_weights()
+        self._check_problem()
         unknown = sorted(set(self.baselines) - {"zero_shot", "tfidf"})
         if unknown:
             raise LoraclsError(f"config: baselines may hold zero_shot and tfidf, got {', '.join(unknown)}")
@@ -126,8 +130,28 @@ class Config:
             if bad or not weights:
                 raise LoraclsError(f"config: class_weights must map labels to finite weights > 0, got {bad or weights}")
 
+    def _check_problem(self) -> None:
+        if self.problem == "single_label":
+            if self.label_separator is not None:
+                raise LoraclsError("config: label_separator splits label sets: it needs problem: multi_label")
+            return
+        if self.label_separator == "":
+            raise LoraclsError("config: label_separator must not be empty")
+        if self.balance:
+            raise LoraclsError("config: balance: true needs one label a text; multi_label splits keep the data's "
+                               "proportions of label sets")
+        if self.head_init == "verbalizer":
+            raise LoraclsError("config: head_init: verbalizer reads one label word after a prompt; with "
+                               "problem: multi_label use zero or random")
+
+    @property
+    def multi_label(self) -> bool:
+        return self.problem == "multi_label"
+
     @property
     def balanced_splits(self) -> bool:
+        if self.multi_label:
+            return False
         return self.data == EMBEDDED_DATA if self.balance is None else self.balance
 
     def to_dict(self) -> dict:
@@ -140,6 +164,7 @@ NUMBER_RANGES = {
     "gradient_accumulation": (1, None, False), "epochs": (1, None, False), "log_every": (1, None, False),
     "eval_every": (1, None, False), "eval_batch_size": (1, None, False), "validation_size": (1, None, False),
     "test_size": (1, None, False), "train_size": (1, None, False), "max_steps": (1, None, False),
+    "min_steps": (1, None, False),
     "threads": (1, None, False), "micro_batch_size": (1, None, False), "patience": (1, None, False),
     "chunk_stride": (1, None, False),
     "warmup_steps": (0, None, False), "seed": (0, 2**32 - 1, False),

@@ -16,10 +16,11 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from loracls import files
-from loracls.calibration import CalibrationRecord, check_temperature
+from loracls.calibration import CalibrationRecord
 from loracls.config import check_run_name, from_dict, read_mapping
+from loracls.decision import Decision
 from loracls.errors import LoraclsError
-from loracls.metrics import ClassificationMetrics
+from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 
 # file names inside a run directory
 CONFIG = "config.yaml"
@@ -33,7 +34,7 @@ ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
 CHECKPOINT = "checkpoint.pt"
-CALIBRATION = "loracls_calibration.json"  # inside adapter/: the fitted temperature
+CALIBRATION = "loracls_calibration.json"  # inside adapter/: the Decision (temperature or per-label thresholds)
 
 
 # --- the records -------------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ class ExportCheck:
 @dataclass
 class Metrics:
     """metrics.json: what a finished run measured."""
-    test: ClassificationMetrics
+    test: ClassificationMetrics | MultiLabelMetrics
     validation: ValidationSummary
     train: TrainSummary
     model: ModelSummary
@@ -108,7 +109,8 @@ class Metrics:
     export: ExportCheck | None = None
     data_notes: list[str] = field(default_factory=list)
     long_texts: dict[str, int] = field(default_factory=dict)  # split -> texts longer than max_length (truncated)
-    calibration: CalibrationRecord | None = None
+    calibration: CalibrationRecord | None = None  # single_label: the temperature; multi_label: see test.thresholds
+    problem: str = "single_label"
 
 
 Record = TypeVar("Record")
@@ -150,15 +152,16 @@ def read_tfidf(run: Path):
     return read_record(run / TFIDF, TfidfRecord)
 
 
-def read_temperature(path: Path) -> float:
-    """A saved temperature ({"temperature": T}, T > 0 and finite); 1.0 where none was saved."""
+def read_decision(path: Path) -> Decision:
+    """The saved Decision beside an adapter (older runs hold only {"temperature": T}); the default where none
+    was saved. Temperatures must be positive and finite, thresholds strictly between 0 and 1."""
     if not path.is_file():
-        return 1.0
-    value = parse_record(dict[str, float], files.read_json(path, "run file"), str(path)).get("temperature", 1.0)
-    try:
-        return check_temperature(value)
-    except ValueError as exc:
-        raise LoraclsError(f"{path}: {exc}") from None
+        return Decision()
+    return parse_record(Decision, files.read_json(path, "run file"), str(path))
+
+
+def write_decision(path: Path, decision: Decision) -> None:
+    write_record(path, decision)
 
 
 def read_env(run: Path) -> dict[str, str | int | float | bool | None]:

@@ -8,6 +8,7 @@ texts in the given train and evaluation files.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ OVERLAP_LIMIT = 0.01  # given splits may share at most this share of an evaluati
 @dataclass
 class Split:
     texts: list[str]
-    labels: list[int]
+    labels: list  # a label id per text; multi_label: a sorted list of label ids per text (maybe empty)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -38,6 +39,11 @@ class Dataset:
     test: Split
     id2label: dict[int, str]
     notes: list[str] = field(default_factory=list)  # what the checks found and did, for the data summary
+    multi_label: bool = False
+
+    @property
+    def problem(self) -> str:
+        return "multi_label" if self.multi_label else "single_label"
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -47,7 +53,10 @@ class Dataset:
         out = {}
         for split_name in ("train", "validation", "test"):
             split = getattr(self, split_name)
-            out[split_name] = {name: split.labels.count(i) for i, name in self.id2label.items()}
+            if self.multi_label:  # texts that carry each label
+                out[split_name] = {name: sum(i in ids for ids in split.labels) for i, name in self.id2label.items()}
+            else:
+                out[split_name] = {name: split.labels.count(i) for i, name in self.id2label.items()}
         return out
 
 
@@ -64,8 +73,11 @@ def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -
         row = int(empty.to_numpy().nonzero()[0][0])
         raise LoraclsError(f"{source}: {int(empty.sum())} empty text(s) in column {config.text_column!r}, first at row {row}")
     labels = frame[config.label_column]
-    if labels.isna().any():
-        row = int(labels.isna().to_numpy().nonzero()[0][0])
+    missing = labels.map(lambda v: v is None or (isinstance(v, float) and math.isnan(v)))
+    if config.multi_label:  # an empty cell (CSV reads it as missing) is the empty set
+        return _clean_label_sets(texts, labels.where(~missing, ""), config, source, notes)
+    if missing.any():
+        row = int(missing.to_numpy().nonzero()[0][0])
         raise LoraclsError(f"{source}: missing label in column {config.label_column!r} at row {row}")
     raw = labels.astype(str)
     stripped = raw.str.strip()
@@ -76,6 +88,43 @@ def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -
         notes.append(f"{source}: removed surrounding spaces from {changed} label(s)")
     _refuse_case_twins(set(stripped), source)
     return pd.DataFrame({"text": texts.astype(str).values, "label": stripped.values})
+
+
+def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str, ...]:
+    """One multi-label cell -> its sorted label names: a list (JSONL / Parquet), a JSON list in text ("[\"a\"]"),
+    text split by `label_separator`, or one label."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise LoraclsError(f"{source}: row {row}: label cell {text[:40]!r} starts like a JSON list but is "
+                                   f"not one") from None
+        else:
+            value = [] if not text else text.split(separator) if separator is not None else [text]
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or any(isinstance(v, (list, tuple, dict)) for v in value):
+        raise LoraclsError(f"{source}: row {row}: a multi_label cell must be a list of labels or text, got "
+                           f"{type(value).__name__}")
+    names = [str(v).strip() for v in value]
+    if any(not name for name in names):
+        raise LoraclsError(f"{source}: row {row}: blank label name in {value!r}")
+    return tuple(sorted(set(names)))
+
+
+def _clean_label_sets(texts: pd.Series, labels: pd.Series, config: Config, source: str, notes: list[str]) -> pd.DataFrame:
+    sets = [_label_set(value, config.label_separator, source, row) for row, value in enumerate(labels)]
+    _refuse_case_twins({name for names in sets for name in names}, source)
+    if (empty := sum(1 for names in sets if not names)):
+        notes.append(f"{source}: {empty} text(s) carry no label (kept: an empty set is a valid answer)")
+    return pd.DataFrame({"text": texts.astype(str).values, "label": sets})
+
+
+def _names_in(frame: pd.DataFrame) -> set[str]:
+    """Every label name a cleaned table uses (its cells are names, or tuples of names for multi_label)."""
+    return {name for cell in frame["label"] for name in (cell if isinstance(cell, tuple) else (cell,))}
 
 
 def _refuse_case_twins(names: set[str], source: str) -> None:
@@ -117,7 +166,7 @@ def _check_overlap(dataset: "Dataset", config: Config, notes: list[str]) -> None
 
 
 def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
-    found = sorted(set(frame["label"]))
+    found = sorted(_names_in(frame))
     if config.labels is None:
         return found
     unknown = [name for name in found if name not in config.labels]
@@ -127,10 +176,12 @@ def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
 
 
 def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str) -> Split:
-    unknown = sorted(set(frame["label"]) - set(label2id))
+    unknown = sorted(_names_in(frame) - set(label2id))
     if unknown:
         raise LoraclsError(f"{source}: unknown label(s) {', '.join(map(repr, unknown))} not in training labels {', '.join(label2id)}")
-    return Split(list(frame["text"]), [label2id[name] for name in frame["label"]])
+    labels = [sorted(label2id[name] for name in cell) if isinstance(cell, tuple) else label2id[cell]
+              for cell in frame["label"]]
+    return Split(list(frame["text"]), labels)
 
 
 def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int], source: str) -> Split:
@@ -142,7 +193,11 @@ def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple
     """Seeded train / validation / test splits: balanced (equal counts per class) or stratified (each split
     keeps the data's class proportions)."""
     rng = random.Random(config.seed)
-    by_class = {name: list(frame.index[frame["label"] == name]) for name in names}
+    if config.multi_label:  # stratified by label set: each split keeps the data's proportions of label sets
+        cells = sorted(set(frame["label"]))
+        by_class = {cell: [i for i, c in zip(frame.index, frame["label"]) if c == cell] for cell in cells}
+    else:
+        by_class = {name: list(frame.index[frame["label"] == name]) for name in names}
     for rows in by_class.values():
         rng.shuffle(rows)
     parts = _balanced(by_class, config) if config.balanced_splits else _stratified(by_class, config, len(frame))
@@ -219,7 +274,7 @@ def load_dataset(config: Config) -> Dataset:
         if len(train_frame) < before:
             notes.append(f"data: dropped {before - len(train_frame)} duplicate texts before splitting")
         train_frame, validation_frame, test_frame = _made_splits(train_frame, config, names)
-    present = sorted(set(train_frame["label"]))
+    present = sorted(_names_in(train_frame))
     if len(present) < 2:
         raise LoraclsError(f"{config.data}: the training split has only one class ({', '.join(present) or 'none'}); need at least two")
     label2id = {name: i for i, name in enumerate(names)}
@@ -227,7 +282,7 @@ def load_dataset(config: Config) -> Dataset:
         train=_to_split(train_frame, label2id, config.data),
         validation=_to_split(validation_frame, label2id, config.validation_data or config.data),
         test=_to_split(test_frame, label2id, config.test_data or config.data),
-        id2label={i: name for name, i in label2id.items()}, notes=notes,
+        id2label={i: name for name, i in label2id.items()}, notes=notes, multi_label=config.multi_label,
     )
     if len(dataset.validation) == 0 or len(dataset.test) == 0:
         raise LoraclsError("data: the validation and test splits must not be empty")
@@ -239,7 +294,7 @@ def load_dataset(config: Config) -> Dataset:
 def format_counts(dataset: Dataset) -> str:
     lines = []
     for split_name, counts in dataset.class_counts().items():
-        total = sum(counts.values())
+        total = len(getattr(dataset, split_name))  # texts (a multi_label text counts once per label it carries)
         lines.append(f"  {split_name:<10} {total:>6}  " + "  ".join(f"{n}={c}" for n, c in counts.items()))
     lines += [f"  note: {note}" for note in dataset.notes]
     return "\n".join(lines)
@@ -247,11 +302,16 @@ def format_counts(dataset: Dataset) -> str:
 
 def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
     """Loss weights per label id from `class_weights`: none, balanced (n / (classes x n_class), as sklearn's
-    compute_class_weight), or {label: weight} (labels not named keep 1)."""
+    compute_class_weight; multi_label: each label's negatives / positives, BCE's pos_weight), or
+    {label: weight} (labels not named keep 1; multi_label: the weight of a label's positives)."""
     weights = config.class_weights
     if weights == "none":
         return None
     names = dataset.id2label
+    if weights == "balanced" and dataset.multi_label:  # pos_weight per label: its negatives / its positives
+        carried = [sum(i in ids for ids in dataset.train.labels) for i in sorted(names)]
+        total = len(dataset.train)
+        return [float((total - n) / n) if n else 1.0 for n in carried]
     if weights == "balanced":
         from sklearn.utils.class_weight import compute_class_weight
 

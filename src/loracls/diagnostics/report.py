@@ -11,6 +11,7 @@ from pathlib import Path
 
 from loracls import files, runs
 from loracls.errors import LoraclsError
+from loracls.metrics import MultiLabelMetrics
 
 REPORT = "report.html"
 
@@ -20,14 +21,32 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _prediction_row(row) -> bool:
-    return (isinstance(row, dict) and isinstance(row.get("probabilities"), dict)
-            and isinstance(row.get("prediction"), str) and isinstance(row.get("text"), str)
-            and isinstance(row["probabilities"].get(row["prediction"]), (int, float)))
+    if not (isinstance(row, dict) and isinstance(row.get("probabilities"), dict) and isinstance(row.get("text"), str)):
+        return False
+    probs, prediction = row["probabilities"], row.get("prediction")
+    named = prediction if isinstance(prediction, list) else [prediction]
+    return (all(isinstance(name, str) and isinstance(probs.get(name), (int, float)) for name in named)
+            and all(isinstance(p, (int, float)) for p in probs.values()))
+
+
+def _confidence_in_mistake(row: dict) -> float:
+    """How sure the wrong answer was: the top probability (one label), or (label sets) the largest distance
+    from the truth among the labels the prediction got wrong."""
+    if not isinstance(row["prediction"], list):
+        return row["probabilities"][row["prediction"]]
+    truth, chosen = set(row["label"]), set(row["prediction"])
+    return max(abs(p - (name in truth)) for name, p in row["probabilities"].items() if (name in truth) != (name in chosen))
 
 
 def confident_mistakes(rows: list[dict], limit: int = 10) -> list[dict]:
-    wrong = [r for r in rows if _prediction_row(r) and r.get("label") is not None and r["label"] != r["prediction"]]
-    return sorted(wrong, key=lambda r: -r["probabilities"][r["prediction"]])[:limit]
+    def wrong(row) -> bool:
+        label, prediction = row.get("label"), row["prediction"]
+        if isinstance(prediction, list):
+            return isinstance(label, list) and set(map(str, label)) != set(prediction)
+        return label is not None and label != prediction
+
+    mistakes = [r for r in rows if _prediction_row(r) and wrong(r)]
+    return sorted(mistakes, key=lambda r: -_confidence_in_mistake(r))[:limit]
 
 
 def _plot_curves(log: list[dict], target: Path) -> None:
@@ -112,6 +131,10 @@ def _table(header: list[str], rows: list[list]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _shown(value) -> str:
+    return ", ".join(map(str, value)) or "(none)" if isinstance(value, list) else str(value)
+
+
 def _fmt(value) -> str:
     """Rates and fractions with 4 decimals, larger numbers (tokens/s, seconds) with one."""
     if isinstance(value, float):
@@ -119,14 +142,20 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _scores(metrics) -> list[float]:
+    """accuracy and macro F1; for label sets subset accuracy, micro F1 and macro F1."""
+    micro = getattr(metrics, "micro_f1", None)
+    return [metrics.accuracy, metrics.macro_f1] if micro is None else [metrics.accuracy, micro, metrics.macro_f1]
+
+
 def _ladder(metrics: runs.Metrics, baseline: runs.BaselineRecord | None, tfidf) -> list[list]:
     rows = []
     if baseline is not None:
-        rows += [["zero-shot prompt", baseline.zero_shot.accuracy, baseline.zero_shot.macro_f1],
-                 ["zero-shot, calibrated", baseline.calibrated.accuracy, baseline.calibrated.macro_f1]]
+        rows += [["zero-shot prompt", *_scores(baseline.zero_shot)],
+                 ["zero-shot, calibrated", *_scores(baseline.calibrated)]]
     if tfidf is not None:
-        rows.append([f"TF-IDF + logistic regression (C={tfidf.c:g})", tfidf.test.accuracy, tfidf.test.macro_f1])
-    rows.append(["LoRA", metrics.test.accuracy, metrics.test.macro_f1])
+        rows.append([f"TF-IDF + logistic regression (C={tfidf.c:g})", *_scores(tfidf.test)])
+    rows.append(["LoRA", *_scores(metrics.test)])
     return rows
 
 
@@ -138,8 +167,10 @@ def write_report(run_path: str) -> Path:
     env = runs.read_env(run) if (run / runs.ENV).is_file() else {}
     baseline = runs.read_baseline(run) if (run / runs.BASELINE).is_file() else None
     tfidf = runs.read_tfidf(run) if (run / runs.TFIDF).is_file() else None
+    multi_label = isinstance(metrics.test, MultiLabelMetrics)
     _plot_curves(_read_jsonl(run / runs.TRAIN_LOG), run / "curves.png")
-    _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
+    if not multi_label:
+        _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
     if metrics.calibration is not None:
         _plot_reliability(metrics.calibration, run / "reliability.png")
     files.write_text(run / REPORT, _page(run.name, metrics, env, _ladder(metrics, baseline, tfidf),
@@ -148,9 +179,13 @@ def write_report(run_path: str) -> Path:
 
 
 def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
-    per_class = [[label, row.precision, row.recall, row.f1, row.support] for label, row in metrics.test.per_class.items()]
-    mistakes = [[r["label"], r["prediction"], r["probabilities"][r["prediction"]], r["text"]]
+    multi_label = isinstance(metrics.test, MultiLabelMetrics)
+    thresholds = metrics.test.thresholds if multi_label else {}
+    per_class = [[label, *([thresholds[label]] if multi_label else []), row.precision, row.recall, row.f1, row.support]
+                 for label, row in metrics.test.per_class.items()]
+    mistakes = [[_shown(r["label"]), _shown(r["prediction"]), _confidence_in_mistake(r), r["text"]]
                 for r in confident_mistakes(test_rows)]
+    scores = ["subset accuracy", "micro F1", "macro F1"] if multi_label else ["accuracy", "macro F1"]
     train = metrics.train
     summary = [["train steps", train.steps], ["stopped early", train.stopped_early],
                ["train tokens/s", train.tokens_per_second], ["MFU", "unknown" if train.mfu is None else train.mfu],
@@ -161,13 +196,14 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
     sections = [
         f"<h1>loracls run {html.escape(name)}</h1>",
         "<h2>Does the LLM pay for itself? Baselines vs LoRA (test split)</h2>",
-        _table(["method", "accuracy", "macro F1"], [[m, _fmt(a), _fmt(f)] for m, a, f in comparison]),
+        _table(["method", *scores], [[method, *map(_fmt, values)] for method, *values in comparison]),
         "<h2>Training</h2>", '<img src="curves.png" alt="loss and validation curves">',
         _table(["", ""], [[k, _fmt(v)] for k, v in summary]),
         "<h2>Data</h2>", "".join(f"<p>{html.escape(note)}</p>" for note in metrics.data_notes) or "<p>no notes</p>",
         "<h2>Test report</h2>",
-        _table(["class", "precision", "recall", "F1", "support"], [[r[0], *map(_fmt, r[1:])] for r in per_class]),
-        '<img src="confusion.png" alt="confusion matrix">',
+        _table(["label" if multi_label else "class", *(["threshold"] if multi_label else []), "precision", "recall",
+                "F1", "support"], [[r[0], *map(_fmt, r[1:])] for r in per_class]),
+        "" if multi_label else '<img src="confusion.png" alt="confusion matrix">',
         *_calibration_section(metrics.calibration),
         "<h2>Most confident mistakes</h2>",
         _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])

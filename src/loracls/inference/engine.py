@@ -15,7 +15,6 @@ from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.inference.export import InputFormat
 from loracls.model.classifier import load_classifier, load_standalone
-from loracls.calibration import softmax
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.tokenizer import load_tokenizer
@@ -38,6 +37,9 @@ class Classifier:
         store_frozen_linears_in(self.model, self.runtime.dtype)  # no per-batch cast under autocast
         self.model.to(self.runtime.device).eval()
         self.labels = [self.id2label[i] for i in range(len(self.id2label))]
+        thresholds = self.decision.thresholds
+        if thresholds is not None and len(thresholds) != len(self.labels):
+            raise LoraclsError(f"{path}: {len(thresholds)} thresholds saved for {len(self.labels)} labels")
         self.encoder = TextEncoder(self.tokenizer, self.max_length, self.input_template, self.long_text,
                                    self.chunk_stride)
 
@@ -48,7 +50,7 @@ class Classifier:
         self.max_length, self.input_template = config.max_length, config.input_template
         self.long_text, self.chunk_stride = config.long_text, config.chunk_stride
         self.batch_size = config.eval_batch_size
-        self.temperature = runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)
+        self.decision = runs.read_decision(run / runs.ADAPTER / runs.CALIBRATION)
         self.runtime = setup_runtime(device or config.device, precision or config.precision, config.threads)
         merged = run / runs.MERGED
         if (merged / "config.json").is_file():
@@ -57,7 +59,8 @@ class Classifier:
             return
         from peft import PeftModel
 
-        loaded = load_classifier(resolve_model_dir(config.model, log), self.id2label, log=log)
+        loaded = load_classifier(resolve_model_dir(config.model, log), self.id2label, log=log,
+                                 problem=self.decision.problem)
         try:
             adapter = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER))
         except Exception as exc:  # a damaged or foreign adapter directory
@@ -74,7 +77,7 @@ class Classifier:
         self.name, self.source = directory.name, str(directory)
         self.id2label = {int(i): str(name) for i, name in self.model.config.id2label.items()}
         fmt = InputFormat.read(directory)
-        self.input_template, self.max_length, self.temperature = fmt.input_template, fmt.max_length, fmt.temperature
+        self.input_template, self.max_length, self.decision = fmt.input_template, fmt.max_length, fmt.decision
         self.long_text, self.chunk_stride = fmt.long_text, fmt.chunk_stride
         self.batch_size = 32
         self.runtime = setup_runtime(device or "auto", precision or "auto", None)
@@ -92,9 +95,21 @@ class Classifier:
         return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress,
                               max_tokens)
 
+    @property
+    def temperature(self) -> float:
+        return self.decision.temperature
+
+    @property
+    def multi_label(self) -> bool:
+        return self.decision.multi_label
+
     def calibrated(self, logits: np.ndarray) -> np.ndarray:
-        """Probabilities at the temperature fitted after training (1.0 for runs without one)."""
-        return softmax(logits, self.temperature)
+        """Probabilities as fitted after training: softmax at the temperature, or a sigmoid per label."""
+        return self.decision.probabilities(logits)
+
+    def predicted(self, probs_row: np.ndarray) -> str | list[str]:
+        """One text's label, or (multi_label) its list of labels at or above their thresholds."""
+        return self.decision.label_of(probs_row, self.id2label)
 
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
         encoded = self.encode(texts)

@@ -10,11 +10,11 @@ import torch
 from peft import PeftModel
 
 from loracls import files, runs
-from loracls.calibration import check_temperature
+from loracls.decision import Decision
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
 from loracls.model.classifier import is_generic, load_classifier, load_standalone, write_generic_module
-from loracls.model.scoring import predict_probabilities
+from loracls.model.scoring import predict_logits
 from loracls.runs import ExportCheck
 
 # predictions may differ only where the adapter's top two classes are this close: in fp32 the merge changes
@@ -27,19 +27,27 @@ INPUT_FORMAT = "loracls_input.json"  # how callers must turn texts into inputs a
 @dataclass
 class InputFormat:
     """loracls_input.json beside an exported model (merged/, onnx/): the template and length trained with,
-    what happens to longer texts, and the temperature of the calibrated softmax(logits / T)."""
+    what happens to longer texts, and how logits become labels: softmax(logits / T) and the top label, or
+    (multi_label) a sigmoid per label and its threshold."""
     input_template: str | None = None
     max_length: int = 512
     long_text: str = "truncate"
     chunk_stride: int | None = None
     temperature: float = 1.0
+    problem: str = "single_label"
+    thresholds: list[float] | None = None
 
     def __post_init__(self):
-        check_temperature(self.temperature)
+        self.decision  # checks the temperature and thresholds
+
+    @property
+    def decision(self) -> Decision:
+        return Decision(self.problem, self.temperature, self.thresholds)
 
     @classmethod
-    def of_run(cls, config, temperature: float) -> "InputFormat":
-        return cls(config.input_template, config.max_length, config.long_text, config.chunk_stride, temperature)
+    def of_run(cls, config, decision: Decision) -> "InputFormat":
+        return cls(config.input_template, config.max_length, config.long_text, config.chunk_stride,
+                   decision.temperature, decision.problem, decision.thresholds)
 
     def write(self, directory: Path) -> None:
         runs.write_record(directory / INPUT_FORMAT, self)
@@ -50,11 +58,21 @@ class InputFormat:
         return runs.read_record(path, cls) if path.is_file() else cls()
 
 
-def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray, dtype: str = "fp32") -> ExportCheck:
-    """Predictions must be equal; a disagreement counts only where the adapter was not at a tie."""
-    differ = adapter_probs.argmax(1) != merged_probs.argmax(1)
-    top2 = np.sort(adapter_probs, axis=1)[:, -2:]
-    real = differ & ((top2[:, 1] - top2[:, 0]) > TIE_MARGINS[dtype])
+def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray, dtype: str = "fp32",
+                        decision: Decision | None = None) -> ExportCheck:
+    """Predictions must be equal; a disagreement counts only where the adapter was at a tie: its top two
+    classes within the margin, or (multi_label) a label's probability within the margin of its threshold."""
+    decision, margin = decision or Decision(), TIE_MARGINS[dtype]
+    adapter_chosen, merged_chosen = decision.chosen(adapter_probs), decision.chosen(merged_probs)
+    if decision.multi_label:
+        cut = np.asarray(decision.thresholds) if decision.thresholds is not None else 0.5
+        differ_cells = adapter_chosen != merged_chosen
+        differ = differ_cells.any(axis=1)
+        real = (differ_cells & (np.abs(adapter_probs - cut) > margin)).any(axis=1)
+    else:
+        differ = adapter_chosen != merged_chosen
+        top2 = np.sort(adapter_probs, axis=1)[:, -2:]
+        real = differ & ((top2[:, 1] - top2[:, 0]) > margin)
     gap = float(np.abs(adapter_probs - merged_probs).max()) if len(adapter_probs) else 0.0
     return ExportCheck(examples=int(len(adapter_probs)), predictions_equal=bool(not real.any() and np.isfinite(gap)),
                        disagreements=int(differ.sum()), disagreements_beyond_ties=int(real.sum()),
@@ -73,9 +91,14 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
     """
     batch_size, dtype = config.eval_batch_size, config.merge_dtype
     exact = Runtime(runtime.device, torch.float32)
-    loaded = load_classifier(model_dir, id2label, log=lambda *_: None)
+    decision = runs.read_decision(run / runs.ADAPTER / runs.CALIBRATION)
+    loaded = load_classifier(model_dir, id2label, log=lambda *_: None, problem=decision.problem)
     peft_model = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER)).to(runtime.device)
-    adapter_probs = predict_probabilities(peft_model, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
+
+    def probabilities(model) -> np.ndarray:
+        return decision.probabilities(predict_logits(model, ids, loaded.tokenizer.pad_token_id, batch_size, exact))
+
+    adapter_probs = probabilities(peft_model)
     merged = peft_model.merge_and_unload().to(DTYPES[dtype])
     generic = is_generic(type(merged))
 
@@ -84,12 +107,11 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
         loaded.tokenizer.save_pretrained(staging)
         if generic:
             write_generic_module(staging, type(merged))
-        InputFormat.of_run(config, runs.read_temperature(run / runs.ADAPTER / runs.CALIBRATION)).write(staging)
+        InputFormat.of_run(config, decision).write(staging)
 
     files.replace_dir(run / runs.MERGED, fill)
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)
-    merged_probs = predict_probabilities(standalone, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
-    check = compare_predictions(adapter_probs, merged_probs, dtype)
+    check = compare_predictions(adapter_probs, probabilities(standalone), dtype, decision)
     if not check.predictions_equal:
         raise LoraclsError(f"the merged model disagrees with the adapter on {check.disagreements_beyond_ties} of "
                            f"{check.examples} test examples; {run / runs.MERGED} is not a faithful export")

@@ -7,11 +7,11 @@ from loracls.data.splits import labelled_split, load_dataset
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 from loracls.inference.engine import Classifier
-from loracls.metrics import ClassificationMetrics, classification_metrics, format_metrics, prediction_rows
+from loracls.metrics import ClassificationMetrics, MultiLabelMetrics, evaluation_metrics, format_metrics, prediction_rows
 
 
 def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int | None = None,
-             device: str | None = None, precision: str | None = None) -> ClassificationMetrics:
+             device: str | None = None, precision: str | None = None) -> ClassificationMetrics | MultiLabelMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
     classifier = Classifier(run_path, log, batch_size, device, precision)
@@ -20,8 +20,8 @@ def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int 
     else:
         label2id = {name: i for i, name in classifier.id2label.items()}
         split = labelled_split(read_table(data), config, label2id, data)
-    metrics = classification_metrics(split.labels, classifier.probabilities(split.texts, progress=True),
-                                     classifier.id2label)
+    metrics = evaluation_metrics(split.labels, classifier.probabilities(split.texts, progress=True),
+                                 classifier.id2label, classifier.decision)
     log(format_metrics(metrics))
     return metrics
 
@@ -33,5 +33,6 @@ def predict(run_path: str, texts: list[str], log=print, batch_size: int | None =
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
     classifier = Classifier(run_path, log, batch_size, device, precision)
-    return prediction_rows(texts, None, classifier.probabilities(texts, progress=True), classifier.id2label)
+    return prediction_rows(texts, None, classifier.probabilities(texts, progress=True), classifier.id2label,
+                           classifier.decision)
 

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.calibration import softmax
 from loracls.data.batching import collate
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError, first_line
@@ -84,8 +83,9 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
     def fill(staging: Path) -> None:
         _export(classifier.model, example, staging / "model.onnx")
         classifier.tokenizer.save_pretrained(staging)
+        decision = classifier.decision
         InputFormat(classifier.input_template, classifier.max_length, classifier.long_text, classifier.chunk_stride,
-                    classifier.temperature).write(staging)
+                    decision.temperature, decision.problem, decision.thresholds).write(staging)
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
     files.replace_dir(target, fill)
@@ -96,10 +96,11 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
     started = time.perf_counter()
     onnx_logits = _onnx_logits(session, ids, pad, classifier.batch_size)
     onnx_seconds = time.perf_counter() - started
-    a, b = softmax(encoded.per_text(torch_logits)), softmax(encoded.per_text(onnx_logits))
+    a, b = (classifier.calibrated(encoded.per_text(logits)) for logits in (torch_logits, onnx_logits))
+    agree = classifier.decision.chosen(a) == classifier.decision.chosen(b)
     check = {"format": "onnx", "file": str(target / "model.onnx"), "examples": len(a),
              "max_probability_difference": float(np.abs(a - b).max()),
-             "label_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+             "label_agreement": float(agree.all(axis=1).mean() if agree.ndim == 2 else agree.mean()),
              "torch_texts_per_second": len(a) / torch_seconds, "onnxruntime_texts_per_second": len(a) / onnx_seconds}
     files.write_json(target / "export_check.json", check)
     log(f"export: {target / 'model.onnx'}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max "

@@ -2,7 +2,8 @@
 vLLM or text-embeddings-inference works unchanged:
 
 - `POST /classify` (vLLM): `{"model", "input": str | [str]}` -> `{"id", "object", "created", "model",
-  "data": [{"index", "label", "probs", "num_classes"}], "usage": {...}}`
+  "data": [{"index", "label", "probs", "num_classes"}], "usage": {...}}`; a multi_label model's items also
+  hold `labels`, the set at or above the per-label thresholds, and its `probs` are per-label sigmoids
 - `POST /predict` (TEI): `{"inputs": str | [str], "raw_scores", "truncate"}` -> `[{"label", "score"}, ...]`
   sorted by score (a list of such lists for a list of inputs)
 - `GET /health`, `GET /info`, `GET /metrics` (Prometheus text format)
@@ -160,6 +161,16 @@ def _usage(classifier, encoded) -> dict:
             "long_inputs": long, "truncated_inputs": 0 if classifier.long_text == "chunks" else long}
 
 
+def _classified(classifier, index: int, probs: np.ndarray) -> dict:
+    """One /classify item: vLLM's fields (`label` the most probable label), plus for multi_label `labels`,
+    every label at or above its threshold (maybe none)."""
+    item = {"index": index, "label": classifier.labels[int(probs.argmax())], "probs": [float(p) for p in probs],
+            "num_classes": len(classifier.labels)}
+    if classifier.multi_label:
+        item["labels"] = classifier.predicted(probs)
+    return item
+
+
 def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     labels = classifier.labels
 
@@ -169,8 +180,7 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
         probs = classifier.calibrated(await _logits(batcher, encoded, metrics))
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": classifier.name,
-                "data": [{"index": i, "label": labels[int(row.argmax())], "probs": [float(p) for p in row],
-                          "num_classes": len(labels)} for i, row in enumerate(probs)],
+                "data": [_classified(classifier, i, row) for i, row in enumerate(probs)],
                 "usage": _usage(classifier, encoded)}
 
     @app.post("/predict")
@@ -196,7 +206,8 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     async def info():
         return {"model": classifier.name, "source": classifier.source, "labels": labels,
                 "max_length": classifier.max_length, "input_template": classifier.input_template,
-                "temperature": classifier.temperature, "long_text": classifier.long_text,
+                "problem": classifier.decision.problem, "temperature": classifier.temperature,
+                "thresholds": classifier.decision.thresholds, "long_text": classifier.long_text,
                 "precision": classifier.precision, "device": str(classifier.runtime.device),
                 "max_batch_size": batcher.max_batch_size, "max_wait_ms": batcher.max_wait * 1000,
                 "max_queue": batcher.max_queue}

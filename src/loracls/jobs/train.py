@@ -15,7 +15,7 @@ import torch
 
 from loracls import files, runs
 from loracls.baselines.tfidf import run_tfidf
-from loracls.calibration import CalibrationRecord, calibrate, softmax
+from loracls.calibration import CalibrationRecord, calibrate
 from loracls.baselines.zero_shot import prompt_setup, run_baseline
 from loracls.config import Config, from_dict
 from loracls.data.batching import Encoded, TextEncoder
@@ -23,7 +23,9 @@ from loracls.data.splits import Dataset, class_weight_vector, format_counts, loa
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
 from loracls.jobs.preflight import preflight
-from loracls.metrics import ClassificationMetrics, classification_metrics, format_metrics, prediction_rows
+from loracls.decision import Decision, sigmoid, tune_thresholds
+from loracls.metrics import (ClassificationMetrics, MultiLabelMetrics, evaluation_metrics, format_metrics,
+                             prediction_rows)
 from loracls.model.classifier import LoadedModel, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
 from loracls.model.scoring import predict_logits
@@ -31,6 +33,10 @@ from loracls.model.source import resolve_model_dir
 from loracls.runs import BaselineRecord, BaselineSummary, Metrics, ModelSummary, TrainSummary, ValidationSummary
 from loracls.training import distributed
 from loracls.training.loop import Trainer, TrainResult
+
+
+ZERO_SHOT_MULTI_LABEL = ("baseline: zero-shot skipped: it picks one label word after a prompt, and a "
+                         "multi_label text may carry several labels or none (TF-IDF one-vs-rest stays)")
 
 
 @dataclass
@@ -58,8 +64,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     logits = _best_logits(job, encoded)
     if not distributed.is_main():
         return job.run
-    calibration = _calibrate(job, logits)
-    test = _write_test(job, softmax(logits["test"], calibration.temperature))
+    decision, calibration = _decide(job, logits)
+    test = _write_test(job, decision.probabilities(logits["test"]), decision)
     summary = _model_summary(job)
     del job.model, job.loaded  # the export starts from the saved adapter
     export = _export(job, encoded["test"].ids)
@@ -70,7 +76,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
                       model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
                       baseline=baselines,
                       export=export, data_notes=job.dataset.notes,
-                      long_texts={name: sum(split.long) for name, split in job.encoded.items()}, calibration=calibration)
+                      long_texts={name: sum(split.long) for name, split in job.encoded.items()}, calibration=calibration,
+                      problem=job.config.problem)
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     _say_done(job, metrics)
@@ -97,7 +104,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     model_dir = resolve_model_dir(config.model, log)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
     loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization,
-                             head_init="random" if config.head_init == "random" else "zero")
+                             head_init="random" if config.head_init == "random" else "zero", problem=config.problem)
     if config.head_init == "verbalizer":
         _verbalizer_head(loaded, config, dataset, log)
     model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
@@ -168,7 +175,9 @@ def _baselines(job: Job) -> BaselineSummary | None:
     config, result = job.config, None
     if config.baseline and distributed.is_main():
         result = BaselineSummary()
-        if "zero_shot" in config.baselines:
+        if "zero_shot" in config.baselines and config.multi_label:
+            job.log(ZERO_SHOT_MULTI_LABEL)
+        elif "zero_shot" in config.baselines:
             zero = _zero_shot(job)
             result.zero_shot_accuracy, result.calibrated_accuracy = zero.zero_shot.accuracy, zero.calibrated.accuracy
         if "tfidf" in config.baselines:
@@ -214,22 +223,31 @@ def _best_logits(job: Job, encoded: dict[str, Encoded]) -> dict[str, np.ndarray]
     return None
 
 
-def _calibrate(job: Job, logits: dict[str, np.ndarray]) -> CalibrationRecord:
-    """A temperature fitted on validation, judged on test; saved beside the adapter for predict and serve."""
-    record = calibrate(logits["validation"], job.dataset.validation.labels, logits["test"], job.dataset.test.labels)
-    files.write_json(job.run / runs.ADAPTER / runs.CALIBRATION, {"temperature": record.temperature})
+def _decide(job: Job, logits: dict[str, np.ndarray]) -> tuple[Decision, CalibrationRecord | None]:
+    """How logits become labels, fitted on validation and saved beside the adapter for predict and serve:
+    a temperature judged on test (single_label), or one threshold per label (multi_label)."""
+    validation, test = job.dataset.validation, job.dataset.test
+    if job.dataset.multi_label:
+        decision = Decision("multi_label", thresholds=tune_thresholds(sigmoid(logits["validation"]), validation.labels))
+        runs.write_decision(job.run / runs.ADAPTER / runs.CALIBRATION, decision)
+        job.log("decision: per-label thresholds tuned on validation (best F1 each): " + ", ".join(
+            f"{job.dataset.id2label[k]}={t:.2f}" for k, t in enumerate(decision.thresholds)))
+        return decision, None
+    record = calibrate(logits["validation"], validation.labels, logits["test"], test.labels)
+    decision = Decision(temperature=record.temperature)
+    runs.write_decision(job.run / runs.ADAPTER / runs.CALIBRATION, decision)
     job.log(record.note and f"calibration: {record.note}" or
             f"calibration: temperature {record.temperature:.3f} (fitted on validation); test ECE "
             f"{record.before.ece:.4f} -> {record.after.ece:.4f}, Brier {record.before.brier:.4f} -> "
             f"{record.after.brier:.4f}")
-    return record
+    return decision, record
 
 
-def _write_test(job: Job, probs: np.ndarray) -> ClassificationMetrics:
+def _write_test(job: Job, probs: np.ndarray, decision: Decision) -> ClassificationMetrics | MultiLabelMetrics:
     test = job.dataset.test
-    metrics = classification_metrics(test.labels, probs, job.dataset.id2label)
+    metrics = evaluation_metrics(test.labels, probs, job.dataset.id2label, decision)
     files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl",
-                      prediction_rows(test.texts, test.labels, probs, job.dataset.id2label))
+                      prediction_rows(test.texts, test.labels, probs, job.dataset.id2label, decision))
     job.log("test:\n" + format_metrics(metrics))
     return metrics
 
@@ -265,18 +283,22 @@ def _quiet(*_args, **_kwargs) -> None:
 
 
 def baseline(config: Config, log=print) -> dict:
-    """`loracls baseline`: the baselines alone, on the same test split `train` would use: the zero-shot
-    record's fields, plus "tfidf" when chosen."""
+    """`loracls baseline`: the chosen baselines alone, on the same test split `train` would use: the zero-shot
+    record's fields, plus "tfidf"."""
     from loracls.model.tokenizer import load_tokenizer
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    prompt_setup(config, dataset.id2label)
-    model_dir = resolve_model_dir(config.model, log)
-    result, _, _ = run_baseline(model_dir, load_tokenizer(model_dir, log), dataset.test.texts, dataset.test.labels,
-                                dataset.id2label, config, runtime, log)
-    out = runs.to_dict(result)
+    out = {}
+    if "zero_shot" in config.baselines and config.multi_label:
+        log(ZERO_SHOT_MULTI_LABEL)
+    elif "zero_shot" in config.baselines:
+        prompt_setup(config, dataset.id2label)
+        model_dir = resolve_model_dir(config.model, log)
+        result, _, _ = run_baseline(model_dir, load_tokenizer(model_dir, log), dataset.test.texts,
+                                    dataset.test.labels, dataset.id2label, config, runtime, log)
+        out = runs.to_dict(result)
     if "tfidf" in config.baselines:
         out["tfidf"] = runs.to_dict(run_tfidf(dataset, config.seed, log))
     return out

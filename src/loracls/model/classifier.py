@@ -70,7 +70,7 @@ def quantization_kwargs(quantization: str) -> dict:
 
 
 def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtype = torch.float32, log=print,
-                    quantization: str = "none", head_init: str = "zero") -> LoadedModel:
+                    quantization: str = "none", head_init: str = "zero", problem: str = "single_label") -> LoadedModel:
     """Base decoder + a new classification head (zeros, or transformers' random init). Refuses checkpoints
     missing weights beyond the head."""
     tokenizer = load_tokenizer(model_dir, log)
@@ -83,6 +83,8 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
     config.id2label = {int(i): name for i, name in id2label.items()}
     config.label2id = {name: int(i) for i, name in id2label.items()}
     config.pad_token_id = tokenizer.pad_token_id
+    # saved with the merged model: transformers' pipeline then applies a sigmoid for multi_label
+    config.problem_type = "multi_label_classification" if problem == "multi_label" else "single_label_classification"
     model_class = classifier_class(config)
     try:
         model, info = model_class.from_pretrained(str(model_dir), config=config, dtype=dtype, output_loading_info=True,

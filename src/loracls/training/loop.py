@@ -19,16 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from tqdm import tqdm
 from transformers import get_scheduler
 
 from loracls import files, runs
-from loracls.calibration import softmax
 from loracls.config import Config
 from loracls.data.batching import TextEncoder, collate, length_grouped_batches
 from loracls.data.splits import Dataset, class_weight_vector
+from loracls.decision import Decision, label_tensor, mean_loss, multi_hot, training_loss
 from loracls.errors import LoraclsError
 from loracls.hardware import peak_flops
 from loracls.metrics import prediction_rows
@@ -97,8 +96,14 @@ def micro_batch_size(config: Config, device: torch.device) -> int:
 def plan_steps(num_examples: int, config: Config, world: int = 1) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps)."""
     per_epoch = math.ceil(num_examples / (config.batch_size * config.gradient_accumulation * world))
-    total = per_epoch * config.epochs
+    total = max(per_epoch * config.epochs, config.min_steps or 0)
     return per_epoch, min(total, config.max_steps) if config.max_steps else total
+
+
+def warmup_steps(config: Config, total_steps: int) -> int:
+    """`warmup_steps`, but never more than a quarter of the run: 64 examples x 3 epochs are 6 steps, which a
+    100-step warmup would spend at a few percent of the learning rate."""
+    return min(config.warmup_steps, total_steps // 4)
 
 
 class Trainer:
@@ -129,6 +134,7 @@ class Trainer:
         self.validation_ids = self.validation.ids
         self.steps_per_epoch, self.total_steps = plan_steps(len(self.train_ids), config, self.world)
         self.micro_batch_size = micro_batch_size(config, self.runtime.device)
+        self.decision = Decision(config.problem)  # thresholds are tuned after training, 0.5 until then
         weights = class_weight_vector(config, self.dataset)
         self.class_weight = None if weights is None else torch.tensor(weights, device=self.runtime.device)
 
@@ -143,7 +149,7 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
         self.scheduler = get_scheduler(config.scheduler if config.scheduler != "constant" else "constant_with_warmup",
-                                       self.optimizer, num_warmup_steps=config.warmup_steps,
+                                       self.optimizer, num_warmup_steps=warmup_steps(config, self.total_steps),
                                        num_training_steps=self.total_steps)
         fp16 = self.runtime.dtype == torch.float16  # fp16 overflows without loss scaling; bf16 does not need it
         self.scaler = torch.amp.GradScaler(self.runtime.device.type if fp16 else "cpu", enabled=fp16)
@@ -192,12 +198,13 @@ class Trainer:
         for start in range(0, len(mine), self.micro_batch_size):
             indices = mine[start:start + self.micro_batch_size]
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
-            labels = torch.tensor([self.train_labels[i] for i in indices], device=self.runtime.device)
+            labels = label_tensor([self.train_labels[i] for i in indices], len(self.dataset.id2label),
+                                  self.dataset.multi_label, self.runtime.device)
             with self.runtime.autocast:
                 logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
                                     attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
             # a sum over the group divided by its size: the same gradient whatever the micro-batches or processes
-            loss = F.cross_entropy(logits.float(), labels, weight=self.class_weight, reduction="sum") / len(group)
+            loss = training_loss(logits.float(), labels, self.class_weight, self.dataset.multi_label, len(group))
             self.scaler.scale(loss).backward()
             total_loss += loss.item()
         if not self.sharded:  # FSDP has reduce-scattered them already
@@ -226,20 +233,29 @@ class Trainer:
         if distributed.is_main() or self.sharded:  # a sharded forward needs every process
             logits = predict_logits(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size,
                                     self.runtime)
-            probs = softmax(self.validation.per_text(logits))
+            probs = self.decision.probabilities(self.validation.per_text(logits))
         accuracy, loss, macro_f1 = 0.0, 0.0, 0.0
         if distributed.is_main():
-            labels = np.asarray(self.dataset.validation.labels)
+            labels = self.dataset.validation.labels
             if not np.isfinite(probs).all():
                 accuracy, loss, macro_f1 = math.nan, math.nan, math.nan
             else:
-                accuracy = float((probs.argmax(axis=1) == labels).mean())
-                macro_f1 = float(f1_score(labels, probs.argmax(axis=1), labels=sorted(self.dataset.id2label),
-                                          average="macro", zero_division=0))
-                loss = float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
-                rows = prediction_rows(self.dataset.validation.texts, labels.tolist(), probs, self.dataset.id2label)
+                accuracy, macro_f1 = self._accuracy_and_macro_f1(probs, labels)
+                loss = mean_loss(probs, labels, self.dataset.multi_label)
+                rows = prediction_rows(self.dataset.validation.texts, labels, probs, self.dataset.id2label,
+                                       self.decision)
                 files.write_jsonl(self.run / runs.PREDICTIONS / f"validation_step{step:05d}.jsonl", rows)
         return distributed.broadcast_object((accuracy, loss, macro_f1))
+
+    def _accuracy_and_macro_f1(self, probs: np.ndarray, labels: list) -> tuple[float, float]:
+        """Accuracy (multi_label: subset accuracy at threshold 0.5) and macro-F1 over labels."""
+        chosen = self.decision.chosen(probs)
+        if self.dataset.multi_label:
+            truth = multi_hot(labels, probs.shape[1]).astype(bool)
+            return (float((chosen == truth).all(axis=1).mean()),
+                    float(f1_score(truth, chosen, average="macro", zero_division=0)))
+        return (float((chosen == np.asarray(labels)).mean()),
+                float(f1_score(labels, chosen, labels=sorted(self.dataset.id2label), average="macro", zero_division=0)))
 
     def validate(self, step: int) -> None:
         """Score the validation split; keep the best adapter; stop on a non-finite validation."""
