@@ -225,3 +225,21 @@ def test_server_returns_label_sets(multilabel_run):
         assert server.client.get("/health").json() == {"status": "ok"}  # still serving
     finally:
         assert server.stop() == 0
+
+
+def test_a_damaged_set_metrics_file_is_one_line(multilabel_run, tmp_path, capsys):
+    import shutil
+
+    from loracls import runs
+
+    run = tmp_path / "run"
+    shutil.copytree(multilabel_run, run)
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["test"]["thresholds"] = "high"
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    with pytest.raises(LoraclsError, match=r"metrics.json: test.thresholds: Input should be a valid dictionary"):
+        runs.read_metrics(run)
+    decision = run / runs.ADAPTER / runs.CALIBRATION
+    decision.write_text(json.dumps({"problem": "multi_label", "thresholds": [0.5, 1.5, 0.5]}))
+    assert main(["predict", str(run), "--text", "good film"]) == 2
+    assert "thresholds must lie strictly between 0 and 1" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Union
 
 import numpy as np
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
@@ -66,6 +67,19 @@ class MultiLabelMetrics:
     mean_predicted_labels: float
 
 
+def _problem_of(value) -> str:
+    """Which record a metrics mapping (or object) is: label sets have micro F1."""
+    has_micro = "micro_f1" in value if isinstance(value, dict) else hasattr(value, "micro_f1")
+    return "multi_label" if has_micro else "single_label"
+
+
+def _discriminated():
+    from pydantic import Discriminator, Tag
+
+    return Annotated[Union[Annotated[ClassificationMetrics, Tag("single_label")],
+                           Annotated[MultiLabelMetrics, Tag("multi_label")]], Discriminator(_problem_of)]
+
+
 def multilabel_metrics(label_sets: list[list[int]], probs: np.ndarray, id2label: dict[int, str],
                        thresholds: list[float] | None = None) -> MultiLabelMetrics:
     ids = sorted(id2label)
@@ -81,6 +95,10 @@ def multilabel_metrics(label_sets: list[list[int]], probs: np.ndarray, id2label:
         examples=len(label_sets), thresholds={id2label[k]: float(cuts[k]) for k in ids},
         mean_labels=float(truth.sum(axis=1).mean()) if len(truth) else 0.0,
         mean_predicted_labels=float(chosen.sum(axis=1).mean()) if len(chosen) else 0.0)
+
+
+# the test metrics of either problem, as a field of a run record: validated as the one its keys say
+AnyMetrics = _discriminated()
 
 
 def evaluation_metrics(labels: list, probs: np.ndarray, id2label: dict[int, str], decision=None):

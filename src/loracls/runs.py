@@ -20,7 +20,7 @@ from loracls.calibration import CalibrationRecord
 from loracls.config import check_run_name, from_dict, read_mapping
 from loracls.decision import Decision
 from loracls.errors import LoraclsError
-from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
+from loracls.metrics import AnyMetrics, ClassificationMetrics
 
 # file names inside a run directory
 CONFIG = "config.yaml"
@@ -99,7 +99,7 @@ class ExportCheck:
 @dataclass
 class Metrics:
     """metrics.json: what a finished run measured."""
-    test: ClassificationMetrics | MultiLabelMetrics
+    test: AnyMetrics
     validation: ValidationSummary
     train: TrainSummary
     model: ModelSummary
@@ -114,6 +114,7 @@ class Metrics:
 
 
 Record = TypeVar("Record")
+PROBLEM_TAGS = ("single_label", "multi_label")  # which member of AnyMetrics: not a place in the file
 
 
 def to_dict(record) -> dict:
@@ -130,7 +131,7 @@ def parse_record(kind: type[Record], data, source: str) -> Record:
         return TypeAdapter(kind).validate_python(data)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "top level"
+        where = ".".join(str(part) for part in error["loc"] if part not in PROBLEM_TAGS) or "top level"
         raise LoraclsError(f"{source}: {where}: {error['msg']}") from None
 
 

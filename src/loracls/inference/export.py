@@ -38,7 +38,7 @@ class InputFormat:
     thresholds: list[float] | None = None
 
     def __post_init__(self):
-        self.decision  # checks the temperature and thresholds
+        Decision(self.problem, self.temperature, self.thresholds)  # checks the temperature and thresholds
 
     @property
     def decision(self) -> Decision:
