@@ -243,3 +243,16 @@ def test_a_damaged_set_metrics_file_is_one_line(multilabel_run, tmp_path, capsys
     decision.write_text(json.dumps({"problem": "multi_label", "thresholds": [0.5, 1.5, 0.5]}))
     assert main(["predict", str(run), "--text", "good film"]) == 2
     assert "thresholds must lie strictly between 0 and 1" in capsys.readouterr().err
+
+
+def test_sweep_and_evaluate_on_another_file(gemma3_dir, sets_jsonl, multilabel_run, tmp_path, capsys):
+    other = tmp_path / "other.jsonl"
+    label_sets_frame(30, seed=7).to_json(other, orient="records", lines=True)
+    assert main(["evaluate", str(multilabel_run), "--data", str(other)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["examples"] == 30
+    out = tmp_path / "sweep"
+    args = tiny_overrides(gemma3_dir, sets_jsonl, out, problem="multi_label", train_size=100, epochs=1, merge=False,
+                          baseline=False, run_name="grid")
+    assert main(["sweep", "--grid", "r=2,4", *args]) == 0
+    table = (out / "grid" / "results.md").read_text()
+    assert "test_micro_f1" in table and table.count("| r=") == 2
