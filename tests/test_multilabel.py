@@ -192,7 +192,7 @@ def test_predict_evaluate_and_report_show_label_sets(multilabel_run, tmp_path, c
         assert row["prediction"] == chosen
     from loracls.inference.engine import Classifier
 
-    merged = Classifier(str(multilabel_run / "merged"), lambda *a: None)  # the merged model decides the same way
+    merged = Classifier(str(multilabel_run / "merged"), lambda *a: None, precision="fp32")  # decides the same way
     assert merged.decision == decision
     probs = merged.probabilities(texts.read_text().splitlines())
     assert [merged.predicted(row) for row in probs] == [row["prediction"] for row in rows]

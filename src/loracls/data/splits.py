@@ -239,8 +239,13 @@ def _stratified(by_class: dict[str, list], config: Config, available: int) -> di
     train = available - v - t if config.train_size is None else config.train_size
     if train <= 0 or v + t + train > available:
         raise LoraclsError(f"data: {available} examples, fewer than the splits ask for ({config.train_size} + {v} + {t})")
-    sizes = {name: len(rows) for name, rows in by_class.items()}
-    counts = {split: _shares(n, sizes) for split, n in (("validation", v), ("test", t), ("train", train))}
+    # each split's share of a class is taken from what the splits before it left: with rare classes (or rare
+    # label sets) shares of the whole could add up to more rows than the class has
+    remaining = {name: len(rows) for name, rows in by_class.items()}
+    counts = {}
+    for split, n in (("validation", v), ("test", t), ("train", train)):
+        counts[split] = _shares(n, remaining)
+        remaining = {name: remaining[name] - counts[split][name] for name in remaining}
     parts = {"validation": [], "test": [], "train": []}
     for name, rows in by_class.items():
         start = 0
