@@ -89,7 +89,8 @@ def tiny_overrides(model_dir: Path, data: Path, out: Path, **extra) -> list[str]
     values = {"model": str(model_dir), "data": str(data), "train_size": 240, "validation_size": 60, "test_size": 60,
               "max_length": 32, "batch_size": 8, "gradient_accumulation": 2, "epochs": 10, "learning_rate": 5e-3,
               "warmup_steps": 5, "eval_every": 10, "log_every": 5, "precision": "fp32", "output_dir": str(out),
-              "run_name": "run", "r": 4, "lora_alpha": 8, "patience": None, "eval_batch_size": 16}
+              "run_name": "run", "r": 4, "lora_alpha": 8, "patience": None, "eval_batch_size": 16,
+              "min_steps": None}  # epochs decide: the tests count steps
     values.update(extra)
     args = []
     for key, value in values.items():

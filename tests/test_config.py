@@ -132,10 +132,10 @@ def test_min_steps_repeat_small_data_and_warmup_stays_a_quarter_of_the_run():
     from loracls.config import from_dict
     from loracls.training.loop import plan_steps, warmup_steps
 
-    config = from_dict({"train_size": 64})
+    config = from_dict({"train_size": 64, "min_steps": None})
     assert plan_steps(64, config) == (2, 6)  # 3 epochs of 2 steps
     assert warmup_steps(config, 6) == 1  # not 100 steps at a few percent of the learning rate
-    assert plan_steps(64, from_dict({"min_steps": 100})) == (2, 100)
+    assert plan_steps(64, from_dict({})) == (2, 100)  # the default: at least 100 steps
     assert plan_steps(64, from_dict({"min_steps": 100, "max_steps": 40})) == (2, 40)
     assert plan_steps(5000, from_dict({"min_steps": 100})) == (157, 471)  # more data: epochs decide
     assert warmup_steps(from_dict({}), 471) == 100  # the default job keeps its warmup

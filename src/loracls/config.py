@@ -62,7 +62,7 @@ class Config:
     micro_batch_size: int | None = None  # examples per forward/backward; None: whole step on CPU, batch_size on GPU
     epochs: int = 3
     max_steps: int | None = None  # optimizer steps; None: epochs decide
-    min_steps: int | None = None  # optimizer steps at least: a small data set repeats epochs; None: epochs decide
+    min_steps: int | None = 100  # optimizer steps at least: a small data set repeats epochs; None: epochs decide
     warmup_steps: int = 100  # at most a quarter of all steps (a short run is not all warmup)
     scheduler: str = "cosine"
     max_grad_norm: float = 1.0
