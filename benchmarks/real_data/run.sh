@@ -18,6 +18,8 @@ for part in $parts; do
       for weights in none balanced; do
         train "$here/imbalanced.yaml" --set data="$out/data/imbalanced.csv" --set class_weights=$weights \
           --set run_name=imbalanced-$weights
+        train "$here/imbalanced.yaml" --set data="$out/data/imbalanced.csv" --set class_weights=$weights \
+          --set epochs=5 --set 'baselines=[tfidf]' --set run_name=imbalanced5-$weights
       done ;;
     emotions)
       train "$here/emotions.yaml" --set data="$out/data/emotions.jsonl" --set run_name=emotions ;;

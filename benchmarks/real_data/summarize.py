@@ -39,12 +39,12 @@ def curve(out: Path) -> str | None:
 
 
 def imbalanced(out: Path) -> str | None:
-    rows = [[name, m.test.accuracy, m.test.macro_f1, *(c.recall for c in m.test.per_class.values()),
-             tfidf["test"]["macro_f1"] if tfidf else ""] for name, m, tfidf in finished(out, "imbalanced-")]
+    rows = [[name, m.train.steps, m.test.accuracy, m.test.macro_f1, *(c.recall for c in m.test.per_class.values()),
+             tfidf["test"]["macro_f1"] if tfidf else ""] for name, m, tfidf in finished(out, "imbalanced")]
     if not rows:
         return None
-    classes = list(finished(out, "imbalanced-")[0][1].test.per_class)
-    return table(["run", "accuracy", "macro F1", *(f"recall {c}" for c in classes), "TF-IDF macro F1"], rows)
+    classes = list(finished(out, "imbalanced")[0][1].test.per_class)
+    return table(["run", "steps", "accuracy", "macro F1", *(f"recall {c}" for c in classes), "TF-IDF macro F1"], rows)
 
 
 def emotions(out: Path) -> str | None:
