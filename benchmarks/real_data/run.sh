@@ -19,8 +19,10 @@ for part in $parts; do
         train "$here/imbalanced.yaml" --set data="$out/data/imbalanced.csv" --set class_weights=$weights \
           --set run_name=imbalanced-$weights
       done
-      train "$here/imbalanced.yaml" --set data="$out/data/imbalanced.csv" --set class_weights=balanced \
-        --set epochs=5 --set 'baselines=[tfidf]' --set run_name=imbalanced5-balanced ;;
+      for weights in none balanced; do
+        train "$here/imbalanced.yaml" --set data="$out/data/imbalanced.csv" --set class_weights=$weights \
+          --set epochs=5 --set 'baselines=[tfidf]' --set run_name=imbalanced5-$weights
+      done ;;
     emotions)
       train "$here/emotions.yaml" --set data="$out/data/emotions.jsonl" --set run_name=emotions ;;
     speeches)
