@@ -8,7 +8,7 @@ from typing import Annotated, Union
 import numpy as np
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
-from loracls.decision import Decision, multi_hot
+from loracls.decision import DEFAULT_THRESHOLD, Decision, multi_hot
 
 
 @dataclass
@@ -87,7 +87,7 @@ def multilabel_metrics(label_sets: list[list[int]], probs: np.ndarray, id2label:
     truth, chosen = multi_hot(label_sets, len(ids)).astype(int), decision.chosen(probs).astype(int)
     precision, recall, f1, support = precision_recall_fscore_support(truth, chosen, zero_division=0)
     micro = precision_recall_fscore_support(truth, chosen, average="micro", zero_division=0)[2]
-    cuts = thresholds or [0.5] * len(ids)
+    cuts = thresholds or [DEFAULT_THRESHOLD] * len(ids)
     return MultiLabelMetrics(
         accuracy=float(accuracy_score(truth, chosen)), micro_f1=float(micro), macro_f1=float(np.mean(f1)),
         per_class={id2label[k]: ClassMetrics(float(precision[k]), float(recall[k]), float(f1[k]), int(support[k]))

@@ -194,8 +194,10 @@ def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple
     keeps the data's class proportions)."""
     rng = random.Random(config.seed)
     if config.multi_label:  # stratified by label set: each split keeps the data's proportions of label sets
-        cells = sorted(set(frame["label"]))
-        by_class = {cell: [i for i, c in zip(frame.index, frame["label"]) if c == cell] for cell in cells}
+        grouped: dict[tuple, list] = {}
+        for index, cell in zip(frame.index, frame["label"]):  # one pass, not one scan per label set
+            grouped.setdefault(cell, []).append(index)
+        by_class = dict(sorted(grouped.items()))
     else:
         by_class = {name: list(frame.index[frame["label"] == name]) for name in names}
     for rows in by_class.values():
