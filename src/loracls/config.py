@@ -21,6 +21,8 @@ from loracls.errors import LoraclsError, first_line
 
 EMBEDDED_MODEL = "embedded:gemma3-270m"
 EMBEDDED_DATA = "embedded:rotten_tomatoes"
+EMBEDDED_ENCODER = "embedded:all-minilm-l6-v2"
+BASELINE_NAMES = ("zero_shot", "tfidf", "encoder")
 
 
 @dataclass
@@ -86,9 +88,13 @@ class Config:
     merge_dtype: str = "fp32"  # fp32 | bf16 (half the size; checked at bf16's tolerance)
     # --- baselines (scored on the test split before training) ---
     baseline: bool = True  # false: no baseline at all
-    baselines: list[str] = field(default_factory=lambda: ["zero_shot", "tfidf"])  # which ones
+    baselines: list[str] = field(default_factory=lambda: ["zero_shot", "tfidf", "encoder"])  # which ones
     prompt_template: str | None = None  # must hold {text}; may hold {choices}
     verbalizers: dict[str, str] | None = None  # label name -> word scored after the prompt
+    encoder_model: str = EMBEDDED_ENCODER  # the encoder baseline: HF encoder directory or hub id; default MiniLM-L6
+    encoder_epochs: int = 5  # the best epoch on validation is kept
+    encoder_learning_rate: float = 1e-4
+    encoder_batch_size: int = 16
     # --- memory savers that need bitsandbytes on a GPU ---
     optimizer: str = "adamw"  # adamw | adamw_8bit
     quantization: str = "none"  # none | 4bit | 8bit (QLoRA)
@@ -116,9 +122,9 @@ class Config:
             check_run_name(self.run_name)
         self._check_class_weights()
         self._check_problem()
-        unknown = sorted(set(self.baselines) - {"zero_shot", "tfidf"})
+        unknown = sorted(set(self.baselines) - set(BASELINE_NAMES))
         if unknown:
-            raise LoraclsError(f"config: baselines may hold zero_shot and tfidf, got {', '.join(unknown)}")
+            raise LoraclsError(f"config: baselines may hold {', '.join(BASELINE_NAMES)}, got {', '.join(unknown)}")
         return self
 
     def _check_class_weights(self) -> None:
@@ -164,7 +170,8 @@ NUMBER_RANGES = {
     "gradient_accumulation": (1, None, False), "epochs": (1, None, False), "log_every": (1, None, False),
     "eval_every": (1, None, False), "eval_batch_size": (1, None, False), "validation_size": (1, None, False),
     "test_size": (1, None, False), "train_size": (1, None, False), "max_steps": (1, None, False),
-    "min_steps": (1, None, False),
+    "min_steps": (1, None, False), "encoder_epochs": (1, None, False), "encoder_batch_size": (1, None, False),
+    "encoder_learning_rate": (0.0, 10.0, True),
     "threads": (1, None, False), "micro_batch_size": (1, None, False), "patience": (1, None, False),
     "chunk_stride": (1, None, False),
     "warmup_steps": (0, None, False), "seed": (0, 2**32 - 1, False),

@@ -21,6 +21,7 @@ from loracls.config import check_run_name, from_dict, read_mapping
 from loracls.decision import Decision
 from loracls.errors import LoraclsError
 from loracls.metrics import AnyMetrics, ClassificationMetrics
+from loracls.verdict import Verdict
 
 # file names inside a run directory
 CONFIG = "config.yaml"
@@ -30,6 +31,7 @@ TRAIN_LOG = "train_log.jsonl"
 METRICS = "metrics.json"
 BASELINE = "baseline.json"
 TFIDF = "tfidf.json"
+ENCODER = "encoder.json"
 ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
@@ -48,6 +50,16 @@ class BaselineRecord:
     zero_shot: ClassificationMetrics
     calibrated: ClassificationMetrics
     content_free_probabilities: list[float]
+    texts_per_second: float | None = None  # the test split's prompts, scored
+    calibrated_ece: float | None = None
+    parameters: int | None = None  # the base causal LM's
+
+
+@dataclass
+class SkippedBaseline:
+    """A baseline left out, and why (said in the log and the report)."""
+    name: str
+    reason: str
 
 
 @dataclass
@@ -57,6 +69,9 @@ class BaselineSummary:
     calibrated_accuracy: float | None = None
     tfidf_accuracy: float | None = None
     tfidf_macro_f1: float | None = None
+    encoder_accuracy: float | None = None
+    encoder_macro_f1: float | None = None
+    skipped: list[SkippedBaseline] = field(default_factory=list)
 
 
 @dataclass
@@ -111,6 +126,7 @@ class Metrics:
     long_texts: dict[str, int] = field(default_factory=dict)  # split -> texts longer than max_length (truncated)
     calibration: CalibrationRecord | None = None  # single_label: the temperature; multi_label: see test.thresholds
     problem: str = "single_label"
+    verdict: Verdict | None = None  # every model side by side on the test split, and which to ship
 
 
 Record = TypeVar("Record")
@@ -151,6 +167,12 @@ def read_tfidf(run: Path):
     from loracls.baselines.tfidf import TfidfRecord
 
     return read_record(run / TFIDF, TfidfRecord)
+
+
+def read_encoder(run: Path):
+    from loracls.baselines.encoder import EncoderRecord
+
+    return read_record(run / ENCODER, EncoderRecord)
 
 
 def read_decision(path: Path) -> Decision:

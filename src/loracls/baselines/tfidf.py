@@ -12,6 +12,7 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.pipeline import FeatureUnion
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from loracls.calibration import reliability
 from loracls.data.splits import Dataset
 from loracls.decision import Decision, multi_hot, tune_thresholds
 from loracls.metrics import AnyMetrics, evaluation_metrics
@@ -27,6 +28,9 @@ class TfidfRecord:
     test: AnyMetrics
     seconds: float
     features: int
+    texts_per_second: float | None = None  # inference on the test split: features + logistic regression
+    ece: float | None = None  # single_label: of the test probabilities
+    parameters: int | None = None  # the logistic regressions' coefficients and intercepts
 
 
 def features() -> FeatureUnion:
@@ -58,7 +62,7 @@ def run_tfidf(dataset: Dataset, seed: int, log=print) -> TfidfRecord:
     started = time.perf_counter()
     union, multi, n = features(), dataset.multi_label, len(dataset.id2label)
     train = union.fit_transform(dataset.train.texts)
-    validation, test = union.transform(dataset.validation.texts), union.transform(dataset.test.texts)
+    validation = union.transform(dataset.validation.texts)
     decision = Decision(dataset.problem)
     best = None
     for c in C_GRID:  # the first of equal validation scores wins: the strongest regularisation
@@ -70,10 +74,14 @@ def run_tfidf(dataset: Dataset, seed: int, log=print) -> TfidfRecord:
     c, score, model, validation_probs = best
     if multi:
         decision = Decision("multi_label", thresholds=tune_thresholds(validation_probs, dataset.validation.labels))
-    probs = _probabilities(model, test, n, multi)
+    seconds, scored = time.perf_counter() - started, time.perf_counter()
+    probs = _probabilities(model, union.transform(dataset.test.texts), n, multi)
+    texts_per_second = len(dataset.test.texts) / max(time.perf_counter() - scored, 1e-9)
     record = TfidfRecord(c=c, validation_accuracy=score,
                          test=evaluation_metrics(dataset.test.labels, probs, dataset.id2label, decision),
-                         seconds=time.perf_counter() - started, features=int(train.shape[1]))
+                         seconds=seconds, features=int(train.shape[1]), texts_per_second=texts_per_second,
+                         ece=None if multi else reliability(probs, dataset.test.labels)[0],
+                         parameters=_coefficients(model))
     extra = f", micro F1 {record.test.micro_f1:.4f}" if multi else ""
     log(f"baseline (TF-IDF + logistic regression, C={c:g} on validation): test "
         f"{'subset accuracy' if multi else 'accuracy'} {record.test.accuracy:.4f}{extra}, "
@@ -85,3 +93,8 @@ def _validation_score(probs: np.ndarray, labels: list, decision: Decision, id2la
     if decision.multi_label:
         return evaluation_metrics(labels, probs, id2label, decision).micro_f1
     return float((probs.argmax(axis=1) == np.asarray(labels)).mean())
+
+
+def _coefficients(model) -> int:
+    fitted = model.estimators_ if hasattr(model, "estimators_") else [model]
+    return int(sum(m.coef_.size + m.intercept_.size for m in fitted))

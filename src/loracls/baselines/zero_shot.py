@@ -5,13 +5,16 @@ content-free inputs divide out the prompt's own bias.
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
+from loracls.calibration import reliability
 from loracls.config import EMBEDDED_DATA, Config
 from loracls.errors import LoraclsError, first_line
 from loracls.metrics import classification_metrics
@@ -32,6 +35,25 @@ def prompt_setup(config: Config, id2label: dict[int, str]) -> tuple[str, list[st
     if "{text}" not in template:
         raise LoraclsError("config: prompt_template must contain {text}")
     return template, words
+
+
+# a label name that is a code, not a word: digits (`0`, `label_3`, `C1`), an underscore, a single character,
+# or a short all-capitals abbreviation (`ABBR`, `LOC`, `HUM`); a prompt that scores such a name says nothing
+_CODE = re.compile(r".*[0-9_].*|.|[A-Z]{2,5}")
+
+
+def code_labels(config: Config, id2label: dict[int, str]) -> list[str]:
+    """The label names the zero-shot prompt would score as they are although they are codes (no verbalizer)."""
+    embedded = config.data == EMBEDDED_DATA
+    mapping = config.verbalizers or (EMBEDDED_VERBALIZERS if embedded else {})
+    return [name for name in id2label.values() if name not in mapping and _CODE.fullmatch(name.strip())]
+
+
+def codes_reason(codes: list[str]) -> str:
+    shown = ", ".join(codes[:6]) + (", ..." if len(codes) > 6 else "")
+    example = ", ".join(f"{name}: <a word>" for name in codes[:2])
+    return (f"the label names {shown} are codes, not words: a prompt that scores them is not a meaningful "
+            f"zero-shot result; give verbalizers ({{{example}}}) to run it")
 
 
 def _left_padded(sequences: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -127,7 +149,9 @@ def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2l
     except Exception as exc:
         raise LoraclsError(f"baseline: cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None
     scorer = ZeroShotScorer(model, tokenizer, template, words, config.max_length, config.eval_batch_size, runtime)
+    started = time.perf_counter()
     scores = scorer.label_logprobs(texts, progress=True)
+    texts_per_second = len(texts) / max(time.perf_counter() - started, 1e-9)
     content_free = scorer.label_logprobs(CONTENT_FREE)
     plain = _softmax(scores)
     calibrated = calibrate(scores, content_free)
@@ -135,7 +159,9 @@ def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2l
         prompt_template=template, verbalizers={id2label[i]: w for i, w in enumerate(words)},
         zero_shot=classification_metrics(labels, plain, id2label),
         calibrated=classification_metrics(labels, calibrated, id2label),
-        content_free_probabilities=_softmax(content_free).mean(axis=0).round(4).tolist())
+        content_free_probabilities=_softmax(content_free).mean(axis=0).round(4).tolist(),
+        texts_per_second=texts_per_second, calibrated_ece=reliability(calibrated, labels)[0],
+        parameters=sum(p.numel() for p in model.parameters()))
     log(f"baseline (zero-shot, {len(texts)} test examples): accuracy {result.zero_shot.accuracy:.4f}, "
         f"calibrated {result.calibrated.accuracy:.4f}")
     del model

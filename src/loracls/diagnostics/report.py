@@ -159,6 +159,25 @@ def _ladder(metrics: runs.Metrics, baseline: runs.BaselineRecord | None, tfidf) 
     return rows
 
 
+def _verdict_section(metrics: runs.Metrics, comparison: list[list], scores: list[str]) -> list[str]:
+    """The one table of quality and cost, the sentence that says what to ship, and any baseline left out."""
+    skipped = metrics.baseline.skipped if metrics.baseline is not None else []
+    notes = [f"<p>{html.escape(skip.name)} skipped: {html.escape(skip.reason)}</p>" for skip in skipped]
+    verdict = metrics.verdict
+    if verdict is None:  # a run from before the verdict
+        return [_table(["method", *scores], [[method, *map(_fmt, values)] for method, *values in comparison]), *notes]
+    rows = [[r.name, r.detail, _fmt(r.accuracy), _fmt(r.macro_f1), "-" if r.ece is None else f"{r.ece:.3f}",
+             "-" if r.train_seconds is None else f"{r.train_seconds:.0f}",
+             "-" if r.texts_per_second is None else f"{r.texts_per_second:.1f}",
+             "-" if r.parameters is None else f"{r.parameters / 1e6:.2f}M"] for r in verdict.rows]
+    first = "subset accuracy" if isinstance(metrics.test, MultiLabelMetrics) else "accuracy"
+    return [f"<p><b>Verdict: {html.escape(verdict.reason)}.</b></p>",
+            _table(["model", "what", first, "macro F1", "ECE", "train s", "texts/s (inference)", "parameters"], rows),
+            f"<p>Compared by {verdict.metric.replace('_', ' ')}; one standard error on this test split: "
+            f"{100 * verdict.noise:.1f} points. Of the models within it of the best, the fastest is shipped.</p>",
+            *notes]
+
+
 def write_report(run_path: str) -> Path:
     run = Path(run_path)
     if not (run / runs.METRICS).is_file():
@@ -195,8 +214,8 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
                ["merged == adapter", metrics.export.predictions_equal if metrics.export else "not exported"]]
     sections = [
         f"<h1>loracls run {html.escape(name)}</h1>",
-        "<h2>Does the LLM pay for itself? Baselines vs LoRA (test split)</h2>",
-        _table(["method", *scores], [[method, *map(_fmt, values)] for method, *values in comparison]),
+        "<h2>Does the LLM pay for itself? Every model on the test split, quality and cost</h2>",
+        *_verdict_section(metrics, comparison, scores),
         "<h2>Training</h2>", '<img src="curves.png" alt="loss and validation curves">',
         _table(["", ""], [[k, _fmt(v)] for k, v in summary]),
         "<h2>Data</h2>", "".join(f"<p>{html.escape(note)}</p>" for note in metrics.data_notes) or "<p>no notes</p>",

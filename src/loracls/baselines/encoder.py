@@ -1,0 +1,171 @@
+"""The baseline a practitioner would otherwise ship: a small encoder (all-MiniLM-L6-v2 by default; any HF
+encoder through `encoder_model`) fine-tuned in full on the same train split, its best epoch chosen on the
+same validation split, scored on the same test split, with its cost: train time, inference texts/s and size.
+
+The model is transformers' AutoModelForSequenceClassification; the loss and the decision (softmax at a
+temperature fitted on validation, or a sigmoid per label with thresholds tuned on validation) are the ones
+LoRA uses, so the two are compared on the same terms.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+from loracls.calibration import calibrate
+from loracls.data.batching import collate, length_grouped_batches
+from loracls.data.splits import Dataset
+from loracls.decision import Decision, label_tensor, mean_loss, sigmoid, training_loss, tune_thresholds
+from loracls.errors import LoraclsError, first_line
+from loracls.metrics import AnyMetrics, evaluation_metrics
+from loracls.model.scoring import predict_logits
+from loracls.model.source import resolve_encoder_dir
+
+WARMUP_SHARE = 0.1  # of all steps: the usual recipe for fine-tuning BERT-like encoders
+
+
+@dataclass
+class EncoderRecord:
+    """encoder.json: the fine-tuned encoder on the test split, with what it cost."""
+    model: str
+    epochs: int  # trained
+    best_epoch: int  # chosen on validation
+    learning_rate: float
+    validation_score: float  # the config's select_by on validation (loss: negated)
+    test: AnyMetrics
+    temperature: float  # single_label: fitted on validation; 1.0 for multi_label
+    test_ece: float | None  # single_label: at the fitted temperature
+    train_seconds: float
+    texts_per_second: float  # inference on the test split (batch eval_batch_size, length-sorted)
+    parameters: int
+    trainable_parameters: int
+    size_mb: float  # weights in fp32
+
+
+def _load(spec: str, dataset: Dataset, log):
+    directory = resolve_encoder_dir(spec, log)
+    labels = dataset.id2label
+    problem_type = "multi_label_classification" if dataset.multi_label else "single_label_classification"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(directory), num_labels=len(labels), id2label=dict(labels),
+            label2id={name: i for i, name in labels.items()}, problem_type=problem_type, dtype=torch.float32)
+    except Exception as exc:
+        raise LoraclsError(f"encoder baseline: cannot load {spec} as a sequence classifier: {first_line(exc, 200)}") \
+            from None
+    if tokenizer.pad_token_id is None:
+        raise LoraclsError(f"encoder baseline: {spec}'s tokenizer has no pad token")
+    return tokenizer, model
+
+
+def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+
+
+class EncoderFit:
+    """Fine-tune, keep the best epoch's weights (by validation), then score the test split."""
+
+    def __init__(self, dataset: Dataset, config, runtime, log):
+        self.dataset, self.config, self.runtime, self.log = dataset, config, runtime, log
+        self.tokenizer, self.model = _load(config.encoder_model, dataset, log)
+        self.model.to(runtime.device)
+        limit = getattr(self.model.config, "max_position_embeddings", 512) or 512
+        self.max_length = min(config.max_length, limit)
+        self.ids = {name: _encode(self.tokenizer, getattr(dataset, name).texts, self.max_length)
+                    for name in ("train", "validation", "test")}
+        self.decision = Decision(dataset.problem)
+
+    def logits(self, split: str) -> np.ndarray:
+        return predict_logits(self.model, self.ids[split], self.tokenizer.pad_token_id, self.config.eval_batch_size,
+                              self.runtime)
+
+    def validation_score(self) -> float:
+        """The config's select_by on validation, higher is better (loss is negated)."""
+        labels = self.dataset.validation.labels
+        probs = self.decision.probabilities(self.logits("validation"))
+        if self.config.select_by == "loss":
+            return -mean_loss(probs, labels, self.decision.multi_label)
+        metrics = evaluation_metrics(labels, probs, self.dataset.id2label, self.decision)
+        if self.config.select_by == "macro_f1":
+            return metrics.macro_f1
+        return metrics.micro_f1 if self.decision.multi_label else metrics.accuracy
+
+    def _epoch(self, optimizer, scheduler, epoch: int) -> None:
+        split, config = self.dataset.train, self.config
+        batches = length_grouped_batches([len(x) for x in self.ids["train"]], config.encoder_batch_size,
+                                         config.seed + epoch)
+        self.model.train()
+        for rows in batches:
+            batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
+            targets = label_tensor([split.labels[i] for i in rows], len(self.dataset.id2label),
+                                   self.decision.multi_label, self.runtime.device)
+            with self.runtime.autocast:
+                logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
+                                    attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
+            loss = training_loss(logits.float(), targets, None, self.decision.multi_label, len(rows))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def train(self) -> tuple[int, float]:
+        """(best epoch, its validation score); the model ends holding the best epoch's weights."""
+        config = self.config
+        steps = config.encoder_epochs * math.ceil(len(self.ids["train"]) / config.encoder_batch_size)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.encoder_learning_rate,
+                                      weight_decay=config.weight_decay)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(WARMUP_SHARE * steps), steps)
+        best = (0, -math.inf, None)
+        for epoch in range(1, config.encoder_epochs + 1):
+            self._epoch(optimizer, scheduler, epoch)
+            score = self.validation_score()
+            self.log(f"encoder: epoch {epoch}/{config.encoder_epochs}, validation {config.select_by} "
+                     f"{abs(score):.4f}")
+            if score > best[1]:
+                best = (epoch, score, copy.deepcopy(self.model.state_dict()))
+        self.model.load_state_dict(best[2])
+        return best[0], best[1]
+
+
+def _decide(fit: EncoderFit, validation_logits: np.ndarray, test_logits: np.ndarray) -> tuple[Decision, float | None]:
+    """The same decision LoRA gets: a temperature (single_label) or per-label thresholds, fitted on validation."""
+    dataset = fit.dataset
+    if dataset.multi_label:
+        thresholds = tune_thresholds(sigmoid(validation_logits), dataset.validation.labels)
+        return Decision("multi_label", thresholds=thresholds), None
+    record = calibrate(validation_logits, dataset.validation.labels, test_logits, dataset.test.labels)
+    return Decision(temperature=record.temperature), record.after.ece
+
+
+def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)  # the new head's init and dropout follow the seed
+    fit = EncoderFit(dataset, config, runtime, log)
+    best_epoch, score = fit.train()
+    validation_logits = fit.logits("validation")
+    train_seconds = time.perf_counter() - started
+    scored = time.perf_counter()
+    test_logits = fit.logits("test")
+    texts_per_second = len(fit.ids["test"]) / max(time.perf_counter() - scored, 1e-9)
+    decision, ece = _decide(fit, validation_logits, test_logits)
+    parameters = sum(p.numel() for p in fit.model.parameters())
+    record = EncoderRecord(
+        model=config.encoder_model, epochs=config.encoder_epochs, best_epoch=best_epoch,
+        learning_rate=config.encoder_learning_rate, validation_score=score,
+        test=evaluation_metrics(dataset.test.labels, decision.probabilities(test_logits), dataset.id2label, decision),
+        temperature=decision.temperature, test_ece=ece, train_seconds=train_seconds,
+        texts_per_second=texts_per_second, parameters=parameters,
+        trainable_parameters=sum(p.numel() for p in fit.model.parameters() if p.requires_grad),
+        size_mb=parameters * 4 / 2**20)
+    log(f"baseline (encoder {config.encoder_model}, fine-tuned, best epoch {best_epoch}/{config.encoder_epochs}): "
+        f"test {'subset accuracy' if dataset.multi_label else 'accuracy'} {record.test.accuracy:.4f}, macro F1 "
+        f"{record.test.macro_f1:.4f} ({train_seconds:.0f}s to train, {texts_per_second:.0f} texts/s)")
+    return record

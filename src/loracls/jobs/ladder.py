@@ -1,0 +1,123 @@
+"""The baseline ladder and the verdict: zero-shot (plain and calibrated), TF-IDF + logistic regression and a
+fine-tuned encoder, each on the same test split as LoRA, and then one table of quality and cost with the
+sentence that says which one to ship (loracls.verdict).
+
+A run writes each baseline's record as it finishes (baseline.json, tfidf.json, encoder.json); a resumed run
+reads them back instead of computing them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from loracls import files, runs
+from loracls.baselines.encoder import EncoderRecord, run_encoder
+from loracls.baselines.tfidf import TfidfRecord, run_tfidf
+from loracls.baselines.zero_shot import code_labels, codes_reason, run_baseline
+from loracls.config import Config
+from loracls.data.splits import Dataset
+from loracls.metrics import prediction_rows
+from loracls.runs import BaselineRecord, BaselineSummary, SkippedBaseline
+from loracls.verdict import LadderRow, Verdict, decide, format_table
+
+__all__ = ["Ladder", "run_ladder", "zero_shot_skip_reason", "verdict_of", "ZERO_SHOT_MULTI_LABEL"]
+
+ZERO_SHOT_MULTI_LABEL = ("it picks one label word after a prompt, and a multi_label text may carry several "
+                         "labels or none (TF-IDF one-vs-rest and the encoder stay)")
+
+
+@dataclass
+class Ladder:
+    """The baselines' records (None: not run) and what was left out, and why."""
+    zero_shot: BaselineRecord | None = None
+    tfidf: TfidfRecord | None = None
+    encoder: EncoderRecord | None = None
+    skipped: list[SkippedBaseline] | None = None
+
+    def summary(self) -> BaselineSummary:
+        out = BaselineSummary(skipped=list(self.skipped or []))
+        if self.zero_shot is not None:
+            out.zero_shot_accuracy = self.zero_shot.zero_shot.accuracy
+            out.calibrated_accuracy = self.zero_shot.calibrated.accuracy
+        if self.tfidf is not None:
+            out.tfidf_accuracy, out.tfidf_macro_f1 = self.tfidf.test.accuracy, self.tfidf.test.macro_f1
+        if self.encoder is not None:
+            out.encoder_accuracy, out.encoder_macro_f1 = self.encoder.test.accuracy, self.encoder.test.macro_f1
+        return out
+
+
+def zero_shot_skip_reason(config: Config, id2label: dict[int, str]) -> str | None:
+    """Why the zero-shot prompt would say nothing here (None: it runs)."""
+    if config.multi_label:
+        return ZERO_SHOT_MULTI_LABEL
+    codes = code_labels(config, id2label)
+    return codes_reason(codes) if codes else None
+
+
+def run_ladder(config: Config, dataset: Dataset, runtime, model_dir: Path, tokenizer, run: Path | None,
+               log=print) -> Ladder:
+    """Every baseline the config names, on the test split; with `run`, each record is written there (and
+    read back where a resumed run already has it)."""
+    ladder = Ladder(skipped=[])
+    if "zero_shot" in config.baselines:
+        reason = zero_shot_skip_reason(config, dataset.id2label)
+        if reason:
+            log(f"baseline: zero-shot skipped: {reason}")
+            ladder.skipped.append(SkippedBaseline("zero_shot", reason))
+        else:
+            ladder.zero_shot = _cached(run, runs.BASELINE, runs.read_baseline,
+                                       lambda: _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log))
+    if "tfidf" in config.baselines:
+        ladder.tfidf = _cached(run, runs.TFIDF, runs.read_tfidf, lambda: run_tfidf(dataset, config.seed, log))
+    if "encoder" in config.baselines:
+        ladder.encoder = _cached(run, runs.ENCODER, runs.read_encoder,
+                                 lambda: run_encoder(dataset, config, runtime, log))
+    return ladder
+
+
+def _cached(run: Path | None, name: str, read, compute):
+    if run is not None and (run / name).is_file():
+        return read(run)
+    record = compute()
+    if run is not None:
+        runs.write_record(run / name, record)
+    return record
+
+
+def _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log) -> BaselineRecord:
+    test = dataset.test
+    result, plain, _ = run_baseline(model_dir, tokenizer, test.texts, test.labels, dataset.id2label, config,
+                                    runtime, log)
+    if run is not None:
+        files.write_jsonl(run / runs.PREDICTIONS / "baseline_test.jsonl",
+                          prediction_rows(test.texts, test.labels, plain, dataset.id2label))
+    return result
+
+
+def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by: str) -> Verdict:
+    """Every model side by side, and which to ship."""
+    rows = []
+    if ladder is not None and ladder.zero_shot is not None:
+        zero = ladder.zero_shot
+        common = dict(train_seconds=0.0, texts_per_second=zero.texts_per_second, parameters=zero.parameters)
+        rows += [LadderRow("zero-shot", zero.zero_shot.accuracy, zero.zero_shot.macro_f1, **common,
+                           detail="the base LM scores each label's word after a prompt"),
+                 LadderRow("zero-shot, calibrated", zero.calibrated.accuracy, zero.calibrated.macro_f1,
+                           ece=zero.calibrated_ece, **common, detail="content-free prompt correction")]
+    if ladder is not None and ladder.tfidf is not None:
+        tfidf = ladder.tfidf
+        rows.append(LadderRow("TF-IDF", tfidf.test.accuracy, tfidf.test.macro_f1, ece=tfidf.ece,
+                              train_seconds=tfidf.seconds, texts_per_second=tfidf.texts_per_second,
+                              parameters=tfidf.parameters, detail=f"+ logistic regression, C={tfidf.c:g}"))
+    if ladder is not None and ladder.encoder is not None:
+        enc = ladder.encoder
+        rows.append(LadderRow("encoder", enc.test.accuracy, enc.test.macro_f1, ece=enc.test_ece,
+                              train_seconds=enc.train_seconds, texts_per_second=enc.texts_per_second,
+                              parameters=enc.parameters,
+                              detail=f"{enc.model} fine-tuned, best epoch {enc.best_epoch}/{enc.epochs}"))
+    return decide(rows + [lora], examples, select_by)
+
+
+def say_verdict(verdict: Verdict, log) -> None:
+    log("side by side on the test split:\n" + format_table(verdict))
