@@ -142,6 +142,22 @@ def cmd_sweep(args) -> None:
     print(run_sweep(load_config(args.config, args.set), grid, train, log))
 
 
+def cmd_tune(args) -> None:
+    from loracls.config import load_config
+    from loracls.jobs.train import train
+    from loracls.jobs.tune import parse_space, run_tune
+
+    if args.trials < 1:
+        raise LoraclsError("tune: --trials must be >= 1")
+    configs = args.configs or [None]
+    names = [Path(c).stem if c else "default" for c in configs]
+    if len(set(names)) != len(names):
+        raise LoraclsError(f"tune: config files need distinct names, got {', '.join(names)}")
+    bases = [load_config(c, args.set) for c in configs]
+    dims = parse_space(args.space)
+    print(run_tune(bases, names, dims, args.trials, train, log))
+
+
 def cmd_bench(args) -> None:
     from loracls.config import load_config
     from loracls.diagnostics.bench import RECIPES, format_report, run_bench
@@ -190,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _job_commands(sub) -> None:
-    """Commands that start from a config: train, baseline, sweep, bench, and doctor."""
+    """Commands that start from a config: train, baseline, sweep, tune, bench, and doctor."""
     p = sub.add_parser("train", help="train a classifier (no config: the embedded default job)")
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -210,6 +226,15 @@ def _job_commands(sub) -> None:
     p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="values to combine")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("tune", help="Optuna search over training settings on one or more data sets, judged on "
+                                    "validation only (mean over the data sets)")
+    p.add_argument("configs", nargs="*", help="YAML configs, one per data set (none: the embedded default job)")
+    p.add_argument("--trials", type=int, default=20, help="trials in all (a rerun continues the study)")
+    p.add_argument("--space", nargs="+", metavar="KEY=SPEC", help="log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
+                   "V1,V2,...; default: learning_rate, r, lora_alpha, target_modules, epochs, head_init")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every config")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("bench", help="time our train step against the seed's recipe and HF Trainer + PEFT")
     p.add_argument("config", nargs="?")

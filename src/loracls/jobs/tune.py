@@ -1,0 +1,194 @@
+"""`loracls tune CONFIG [CONFIG ...] --trials N [--space key=spec ...]`: an Optuna search over the training
+settings, judged on validation only.
+
+Each trial trains one run per config (data set) with the same sampled settings; its value is the mean over
+the configs of the best validation score (each config's `select_by`: accuracy, macro F1, or minus the loss),
+so a setting that helps one data set and hurts another does not win. The test split is never read for the
+search: every trial's results table holds validation scores only. The study lives in `study.db` (SQLite)
+inside the tune directory, so an interrupted search continues where it stopped when run again.
+
+A space is `key=spec` per setting: `log:LOW:HIGH` (a float on a log scale), `float:LOW:HIGH`, `int:LOW:HIGH`,
+or alternatives separated by commas as in `sweep` (a bracketed YAML list is one alternative).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from loracls import files, runs
+from loracls.config import FIELDS, Config, from_dict, parse_value
+from loracls.diagnostics.sweep import split_alternatives
+from loracls.errors import LoraclsError
+
+__all__ = ["DEFAULT_SPACE", "Dimension", "parse_space", "run_tune"]
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
+# the levers of the default search: learning rate, rank, scale, which layers, how long, how the head starts
+DEFAULT_SPACE = {
+    "learning_rate": "log:5e-5:2e-3",
+    "r": "4,8,16,32",
+    "lora_alpha": "8,16,32,64",
+    "target_modules": "[q_proj,v_proj],[" + ",".join(ATTENTION) + "],[" + ",".join(ALL_LINEAR) + "]",
+    "epochs": "int:1:5",
+    "head_init": "zero,verbalizer",
+}
+SCORE_KEYS = {"accuracy": "validation_accuracy", "macro_f1": "validation_macro_f1", "loss": "validation_loss"}
+
+
+@dataclass
+class Dimension:
+    """One searched setting: a float or int range (log scale or not), or a list of alternatives."""
+    key: str
+    kind: str  # log | float | int | choice
+    low: float | None = None
+    high: float | None = None
+    choices: list | None = None
+
+    def suggest(self, trial):
+        if self.kind == "choice":  # Optuna stores plain values: every alternative travels as its JSON text
+            return json.loads(trial.suggest_categorical(self.key, [json.dumps(c) for c in self.choices]))
+        if self.kind == "int":
+            return trial.suggest_int(self.key, int(self.low), int(self.high))
+        return trial.suggest_float(self.key, self.low, self.high, log=self.kind == "log")
+
+
+def _dimension(key: str, spec: str) -> Dimension:
+    kind, _, rest = spec.partition(":")
+    if kind in ("log", "float", "int") and rest:
+        try:
+            low, high = (float(v) for v in rest.split(":"))
+        except ValueError:
+            raise LoraclsError(f"--space {key}: {kind} needs LOW:HIGH numbers, got {rest!r}") from None
+        if not (math.isfinite(low) and math.isfinite(high) and low < high) or (kind == "log" and low <= 0):
+            raise LoraclsError(f"--space {key}: need finite LOW < HIGH{' and LOW > 0' if kind == 'log' else ''}, "
+                               f"got {rest!r}")
+        return Dimension(key, kind, low, high)
+    choices = [parse_value(key, v) for v in split_alternatives(spec)]
+    if not choices:
+        raise LoraclsError(f"--space {key} has no values")
+    return Dimension(key, "choice", choices=choices)
+
+
+def parse_space(items: list[str] | None) -> list[Dimension]:
+    """`key=spec` strings (none: the default space) -> dimensions; unknown keys get the nearest name."""
+    pairs = [item.split("=", 1) for item in items] if items else list(DEFAULT_SPACE.items())
+    dims = []
+    for pair in pairs:
+        if len(pair) != 2:
+            raise LoraclsError(f"--space expects key=spec, got {pair[0]!r}")
+        key = pair[0].strip()
+        if key not in FIELDS:
+            from_dict({key: None})  # the unknown-key error with the nearest name
+        if any(d.key == key for d in dims):
+            raise LoraclsError(f"--space names {key!r} twice")
+        dims.append(_dimension(key, pair[1]))
+    return dims
+
+
+def _check_space(bases: list[Config], dims: list[Dimension]) -> None:
+    """Every corner of the space must make a valid config for every base: refused before anything runs."""
+    for dim in dims:
+        values = dim.choices if dim.kind == "choice" else [dim.low, dim.high]
+        if dim.kind == "int":
+            values = [int(v) for v in values]
+        for base in bases:
+            for value in values:
+                from_dict({dim.key: value}, base=base)
+
+
+def validation_score(run: Path, select_by: str) -> float:
+    """The best checkpoint's validation score by `select_by` (higher is better: the loss is negated)."""
+    best = runs.read_metrics(run).validation.best_step
+    rows = [row for row in files.read_jsonl(run / runs.TRAIN_LOG, "run file")
+            if row.get("step") == best and SCORE_KEYS[select_by] in row]
+    if not rows:
+        raise LoraclsError(f"{run}: no validation at the best step {best} in {runs.TRAIN_LOG}")
+    value = float(rows[-1][SCORE_KEYS[select_by]])
+    return -value if select_by == "loss" else value
+
+
+def _trial_configs(bases: list[Config], names: list[str], values: dict, tune_dir: Path, number: int):
+    trial_values = {**values, "baseline": False, "merge": False, "output_dir": str(tune_dir)}
+    return [(name, from_dict({**trial_values, "run_name": f"trial{number:03d}-{name}"}, base=base))
+            for base, name in zip(bases, names)]
+
+
+def run_tune(bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log=print) -> Path:
+    """Run the study (continuing one already in the tune directory); returns the tune directory."""
+    import optuna
+
+    _check_space(bases, dims)
+    first = bases[0]
+    tune_dir = Path(first.output_dir) / (first.run_name or "tune")
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="loracls", storage=f"sqlite:///{tune_dir / 'study.db'}",
+                                load_if_exists=True, direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=first.seed))
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    log(f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
+        + (f" ({done} done before)" if done else ""))
+
+    def objective(trial) -> float:
+        values = {dim.key: dim.suggest(trial) for dim in dims}
+        scores = []
+        for name, config in _trial_configs(bases, names, values, tune_dir, trial.number):
+            run = tune_dir / config.run_name
+            if not (run / runs.METRICS).is_file():
+                train(config, log)
+            scores.append(validation_score(run, config.select_by))
+            trial.set_user_attr(f"validation_{name}", scores[-1])
+        log(f"tune: trial {trial.number}: {values} -> mean validation {sum(scores) / len(scores):.4f}")
+        return sum(scores) / len(scores)
+
+    study.optimize(objective, n_trials=max(trials - done, 0), catch=())
+    _write_results(study, tune_dir, dims, names)
+    return tune_dir
+
+
+def _write_results(study, tune_dir: Path, dims: list[Dimension], names: list[str]) -> None:
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    columns = ["trial", *[d.key for d in dims], *[f"validation_{n}" for n in names], "mean_validation", "seconds"]
+    rows = [{"trial": t.number, **{d.key: _shown(d, t.params.get(d.key)) for d in dims},
+             **{f"validation_{n}": t.user_attrs.get(f"validation_{n}") for n in names},
+             "mean_validation": t.value,
+             "seconds": (t.datetime_complete - t.datetime_start).total_seconds()} for t in complete]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    files.write_text(tune_dir / "results.csv", buffer.getvalue())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in sorted(rows, key=lambda r: -r["mean_validation"])]
+    files.write_text(tune_dir / "results.md", "\n".join(lines) + "\n")
+    if complete:
+        best = study.best_trial
+        settings = {d.key: d.suggest(optuna.trial.FixedTrial(best.params)) for d in dims}
+        files.write_text(tune_dir / "best.yaml", f"# trial {best.number}: mean validation {best.value:.4f} over "
+                         f"{', '.join(names)} (use with --set, or merge into a config)\n"
+                         + yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
+
+
+def _shown(dim: Dimension, value):
+    """A trial's value as the config takes it (alternatives are stored as JSON text)."""
+    if dim.kind != "choice" or value is None:
+        return value
+    value = json.loads(value)
+    return ",".join(map(str, value)) if isinstance(value, list) else value
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
