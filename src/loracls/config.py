@@ -62,6 +62,8 @@ class Config:
     batch_size: int = 16
     gradient_accumulation: int = 2
     micro_batch_size: int | None = None  # examples per forward/backward; None: whole step on CPU, batch_size on GPU
+    micro_batch_tokens: int | None = 4096  # padded tokens per forward/backward at most (activation memory); the
+    # step is cut into more passes where its texts are long (same gradient); None: no cap
     epochs: int = 3
     max_steps: int | None = None  # optimizer steps; None: epochs decide
     min_steps: int | None = 100  # optimizer steps at least: a small data set repeats epochs; None: epochs decide
@@ -172,7 +174,7 @@ NUMBER_RANGES = {
     "test_size": (1, None, False), "train_size": (1, None, False), "max_steps": (1, None, False),
     "min_steps": (1, None, False), "encoder_epochs": (1, None, False), "encoder_batch_size": (1, None, False),
     "encoder_learning_rate": (0.0, 10.0, True),
-    "threads": (1, None, False), "micro_batch_size": (1, None, False), "patience": (1, None, False),
+    "threads": (1, None, False), "micro_batch_size": (1, None, False), "micro_batch_tokens": (8, None, False), "patience": (1, None, False),
     "chunk_stride": (1, None, False),
     "warmup_steps": (0, None, False), "seed": (0, 2**32 - 1, False),
     "learning_rate": (0.0, 10.0, True), "lora_alpha": (0.0, None, True), "lora_dropout": (0.0, 0.999, False),

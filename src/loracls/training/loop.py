@@ -25,11 +25,11 @@ from transformers import get_scheduler
 
 from loracls import files, runs
 from loracls.config import Config
-from loracls.data.batching import TextEncoder, collate, length_grouped_batches
+from loracls.data.batching import TextEncoder, collate, length_grouped_batches, sorted_batches
 from loracls.data.splits import Dataset, class_weight_vector
 from loracls.decision import Decision, label_tensor, mean_loss, multi_hot, training_loss
 from loracls.errors import LoraclsError
-from loracls.hardware import peak_flops
+from loracls.hardware import peak_flops, release_free_memory
 from loracls.metrics import prediction_rows
 from loracls.model.scoring import predict_logits
 from loracls.training import checkpoint, distributed
@@ -195,8 +195,10 @@ class Trainer:
         share = math.ceil(len(group) / self.world)
         mine = group[self.rank * share:(self.rank + 1) * share]
         total_loss = 0.0
-        for start in range(0, len(mine), self.micro_batch_size):
-            indices = mine[start:start + self.micro_batch_size]
+        passes = sorted_batches([len(self.train_ids[i]) for i in mine], self.micro_batch_size,
+                                self.config.micro_batch_tokens)
+        for positions in passes:  # at most micro_batch_size texts and micro_batch_tokens padded tokens a pass
+            indices = [mine[p] for p in positions]
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
             labels = label_tensor([self.train_labels[i] for i in indices], len(self.dataset.id2label),
                                   self.dataset.multi_label, self.runtime.device)
@@ -260,6 +262,7 @@ class Trainer:
     def validate(self, step: int) -> None:
         """Score the validation split; keep the best adapter; stop on a non-finite validation."""
         accuracy, loss, macro_f1 = self._score_validation(step)
+        release_free_memory()  # the allocator otherwise keeps what validation's batches freed (RSS grew 6 GB)
         stopping = self.state.stopping
         if not (math.isfinite(accuracy) and math.isfinite(loss)):
             raise LoraclsError(f"validation at step {step} gave non-finite outputs: training stopped; the best adapter "

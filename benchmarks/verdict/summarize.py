@@ -1,0 +1,45 @@
+"""The verdict study's table from its run directories: per data set, TF-IDF, the fine-tuned encoder and LoRA
+(attention q,v: the default; all linear layers), test accuracy and macro F1, and inference texts/s."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _rows(metrics: dict) -> dict[str, dict]:
+    return {row["name"]: row for row in (metrics.get("verdict") or {}).get("rows", [])}
+
+
+def main(out: Path) -> None:
+    runs = out / "runs"
+    print("| data set | TF-IDF | encoder (MiniLM-L6) | LoRA q,v | LoRA all linear | encoder texts/s | LoRA texts/s | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    gaps = {"qv": [], "all": []}
+    for first in sorted(runs.glob("*-qv")):
+        name = first.name[:-3]
+        if not (first / "metrics.json").is_file():
+            continue
+        metrics = json.loads((first / "metrics.json").read_text())
+        rows, key = _rows(metrics), "macro_f1" if metrics["validation"]["select_by"] == "macro_f1" else "accuracy"
+        other = first.with_name(f"{name}-all") / "metrics.json"
+        all_linear = json.loads(other.read_text())["test"] if other.is_file() else None
+        cell = lambda r: f"{r[key]:.4f}" if r else ""  # noqa: E731
+        encoder = rows.get("encoder")
+        for tag, test in (("qv", metrics["test"]), ("all", all_linear)):
+            if test is not None and encoder is not None:
+                gaps[tag].append(100 * (test[key] - encoder[key]))
+        print(f"| {name} ({key.replace('_', ' ')}) | {cell(rows.get('TF-IDF'))} | {cell(encoder)} | "
+              f"{metrics['test'][key]:.4f} | {f'{all_linear[key]:.4f}' if all_linear else ''} | "
+              f"{encoder['texts_per_second']:.0f} | {rows['LoRA']['texts_per_second']:.0f} | "
+              f"{metrics['verdict']['ship']} |")
+    for tag, values in gaps.items():
+        if values:
+            spread = f", min {min(values):+.1f}, max {max(values):+.1f}"
+            print(f"\nLoRA {tag} minus encoder, points: mean {statistics.mean(values):+.1f}{spread} over {len(values)} sets")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
