@@ -49,13 +49,16 @@ def test_prompt_setup_defaults_and_refusals():
         prompt_setup(load_config(None, ["prompt_template=no slot"]), {0: "a", 1: "b"})
 
 
-def test_baseline_command(gemma3_dir, data_csv, capsys):
+def test_baseline_command(gemma3_dir, data_csv, tiny_encoder_dir, capsys):
     args = ["baseline", "--set", f"model={gemma3_dir}", "--set", f"data={data_csv}", "--set", "train_size=100",
-            "--set", "validation_size=20", "--set", "test_size=40", "--set", "precision=fp32"]
+            "--set", "validation_size=20", "--set", "test_size=40", "--set", "precision=fp32",
+            "--set", f"encoder_model={tiny_encoder_dir}", "--set", "encoder_epochs=1"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["zero_shot"]["examples"] == 40 and result["verbalizers"] == {"neg": "neg", "pos": "pos"}
     assert len(result["content_free_probabilities"]) == 2
+    assert result["tfidf"]["test"]["examples"] == 40 and result["encoder"]["test"]["examples"] == 40
+    assert result["encoder"]["epochs"] == 1 and result["skipped"] == {}
 
 
 def test_report_html_and_pngs(trained_runs, capsys):

@@ -59,14 +59,20 @@ def test_encoder_multi_label_gets_a_sigmoid_head_and_thresholds(tmp_path, tiny_e
     assert record.test.micro_f1 >= 0.8 and record.test_ece is None
 
 
-def test_a_model_that_is_no_encoder_is_one_line(data_csv, tmp_path, capsys):
-    (tmp_path / "config.json").write_text("{}")
+def test_a_model_that_is_no_encoder_is_one_line_and_writes_nothing(data_csv, gemma3_dir, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")
     args = ["baseline", "--set", f"data={data_csv}", "--set", "baselines=[encoder]", "--set",
-            f"encoder_model={tmp_path}", "--set", "train_size=100", "--set", "validation_size=20",
+            f"encoder_model={bad}", "--set", "train_size=100", "--set", "validation_size=20",
             "--set", "test_size=20"]
     assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("loracls: encoder baseline: cannot load") and "\n" not in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("loracls: encoder baseline: cannot load")
+    train = tiny_overrides(gemma3_dir, data_csv, tmp_path / "out", encoder_model=str(bad))
+    assert main(["train", *train]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("loracls: encoder baseline: cannot load")
+    assert not (tmp_path / "out").exists()
 
 
 def test_embedded_encoder_is_extracted_once_and_checked(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
     assert metrics["train"]["steps"] == 4 and metrics["train"]["tokens_per_second"] > 0
     assert metrics["export"]["predictions_equal"] and metrics["export"]["max_probability_difference"] < 1e-3
     assert metrics["data"]["train"] == {"fresh": 24, "rotten": 24}
+    encoder = {row["name"]: row for row in metrics["verdict"]["rows"]}["encoder"]  # the embedded MiniLM-L6
+    assert 22e6 < encoder["parameters"] < 23.5e6 and encoder["texts_per_second"] > 0
     assert len((run / "predictions" / "validation_step00002.jsonl").read_text().splitlines()) == 16
     test_rows = [json.loads(line) for line in (run / "predictions" / "test.jsonl").read_text().splitlines()]
     capsys.readouterr()

@@ -35,6 +35,17 @@ def main(out: Path) -> None:
               f"{metrics['test'][key]:.4f} | {f'{all_linear[key]:.4f}' if all_linear else ''} | "
               f"{encoder['texts_per_second']:.0f} | {rows['LoRA']['texts_per_second']:.0f} | "
               f"{metrics['verdict']['ship']} |")
+    print("\n| data set | encoder best epoch | encoder train s | LoRA q,v train s | LoRA all linear train s |")
+    print("|---|---|---|---|---|")
+    for first in sorted(runs.glob("*-qv")):
+        if not (first / "encoder.json").is_file() or not (first / "metrics.json").is_file():
+            continue
+        encoder = json.loads((first / "encoder.json").read_text())
+        other = first.with_name(first.name[:-3] + "-all") / "metrics.json"
+        seconds = json.loads(other.read_text())["train"]["seconds"] if other.is_file() else None
+        print(f"| {first.name[:-3]} | {encoder['best_epoch']}/{encoder['epochs']} | {encoder['train_seconds']:.0f} | "
+              f"{json.loads((first / 'metrics.json').read_text())['train']['seconds']:.0f} | "
+              f"{'' if seconds is None else f'{seconds:.0f}'} |")
     for tag, values in gaps.items():
         if values:
             spread = f", min {min(values):+.1f}, max {max(values):+.1f}"

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
+                          get_linear_schedule_with_warmup)
 
 from loracls.calibration import calibrate
 from loracls.data.batching import collate, length_grouped_batches
@@ -46,6 +47,18 @@ class EncoderRecord:
     parameters: int
     trainable_parameters: int
     size_mb: float  # weights in fp32
+
+
+def check_encoder(spec: str, log=print) -> None:
+    """Refuse an encoder that cannot be loaded (its config and tokenizer) before a run directory is made."""
+    directory = resolve_encoder_dir(spec, log)
+    try:
+        AutoConfig.from_pretrained(str(directory))
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    except Exception as exc:
+        raise LoraclsError(f"encoder baseline: cannot load {spec}: {first_line(exc, 200)}") from None
+    if tokenizer.pad_token_id is None:
+        raise LoraclsError(f"encoder baseline: {spec}'s tokenizer has no pad token")
 
 
 def _load(spec: str, dataset: Dataset, log):

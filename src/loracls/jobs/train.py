@@ -15,6 +15,7 @@ import torch
 
 from loracls import files, runs
 from loracls.calibration import CalibrationRecord, calibrate
+from loracls.baselines.encoder import check_encoder
 from loracls.baselines.zero_shot import prompt_setup
 from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.config import Config, from_dict
@@ -102,6 +103,8 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     if config.baseline and "zero_shot" in config.baselines and not config.multi_label \
             or config.head_init == "verbalizer":
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
+    if config.baseline and "encoder" in config.baselines and distributed.is_main():
+        check_encoder(config.encoder_model, log)  # a bad encoder_model is refused before anything is written
     config = _prompt_as_input(config, dataset)
     model_dir = resolve_model_dir(config.model, log)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
