@@ -62,8 +62,8 @@ class Config:
     batch_size: int = 16
     gradient_accumulation: int = 2
     micro_batch_size: int | None = None  # examples per forward/backward; None: whole step on CPU, batch_size on GPU
-    micro_batch_tokens: int | None = 4096  # padded tokens per forward/backward at most (activation memory); the
-    # step is cut into more passes where its texts are long (same gradient); None: no cap
+    micro_batch_tokens: int | None = None  # padded tokens per forward/backward at most (activation memory): a
+    # step of long texts is cut into more passes (same gradient); None: 2048 on CPU, no cap on GPU
     epochs: int = 3
     max_steps: int | None = None  # optimizer steps; None: epochs decide
     min_steps: int | None = 100  # optimizer steps at least: a small data set repeats epochs; None: epochs decide
