@@ -17,7 +17,6 @@ import csv
 import io
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
