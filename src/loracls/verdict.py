@@ -73,15 +73,16 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
         rival = max(others, key=lambda r: _score(r, metric))
         gap = 100 * (_score(lora, metric) - _score(rival, metric))
         return (f"ship LoRA: {gap:+.1f} points of {words} over the {rival.name} (the best alternative; noise on "
-                f"this test split is about {100 * noise:.1f}) at {_cost_ratio(lora, rival)} its inference cost")
+                f"this test split is about {100 * noise:.1f}) at {_cost_ratio(lora, rival)} the {rival.name}'s cost "
+                f"per text")
     if lora is None:
         return f"ship the {ship.name}: the best {words} for its inference cost"
     gap = 100 * (_score(lora, metric) - _score(ship, metric))
     if gap > 0:
         return (f"ship the {ship.name}: LoRA's {gap:+.1f} points of {words} are within this test split's noise "
-                f"(about {100 * noise:.1f}) and LoRA costs {_cost_ratio(lora, ship)} its inference cost")
-    return (f"ship the {ship.name}: it is {-gap:.1f} points of {words} ahead of LoRA, which costs "
-            f"{_cost_ratio(lora, ship)} its inference cost")
+                f"(about {100 * noise:.1f}), and LoRA costs {_cost_ratio(lora, ship)} the {ship.name}'s cost per text")
+    return (f"ship the {ship.name}: it is {-gap:.1f} points of {words} ahead of LoRA, and LoRA costs "
+            f"{_cost_ratio(lora, ship)} the {ship.name}'s cost per text")
 
 
 def format_table(verdict: Verdict) -> str:
