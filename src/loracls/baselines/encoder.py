@@ -49,9 +49,8 @@ class EncoderRecord:
     size_mb: float  # weights in fp32
 
 
-def check_encoder(spec: str, log=print) -> None:
-    """Refuse an encoder that cannot be loaded (its config and tokenizer) before a run directory is made."""
-    directory = resolve_encoder_dir(spec, log)
+def _tokenizer(spec: str, directory) -> AutoTokenizer:
+    """The encoder's tokenizer (with its config checked first); one line where either cannot be read."""
     try:
         AutoConfig.from_pretrained(str(directory))
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
@@ -59,22 +58,25 @@ def check_encoder(spec: str, log=print) -> None:
         raise LoraclsError(f"encoder baseline: cannot load {spec}: {first_line(exc, 200)}") from None
     if tokenizer.pad_token_id is None:
         raise LoraclsError(f"encoder baseline: {spec}'s tokenizer has no pad token")
+    return tokenizer
+
+
+def check_encoder(spec: str, log=print) -> None:
+    """Refuse an encoder that cannot be loaded (its config and tokenizer) before a run directory is made."""
+    _tokenizer(spec, resolve_encoder_dir(spec, log))
 
 
 def _load(spec: str, dataset: Dataset, log):
     directory = resolve_encoder_dir(spec, log)
-    labels = dataset.id2label
+    tokenizer, labels = _tokenizer(spec, directory), dataset.id2label
     problem_type = "multi_label_classification" if dataset.multi_label else "single_label_classification"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
         model = AutoModelForSequenceClassification.from_pretrained(
             str(directory), num_labels=len(labels), id2label=dict(labels),
             label2id={name: i for i, name in labels.items()}, problem_type=problem_type, dtype=torch.float32)
     except Exception as exc:
         raise LoraclsError(f"encoder baseline: cannot load {spec} as a sequence classifier: {first_line(exc, 200)}") \
             from None
-    if tokenizer.pad_token_id is None:
-        raise LoraclsError(f"encoder baseline: {spec}'s tokenizer has no pad token")
     return tokenizer, model
 
 

@@ -26,12 +26,16 @@ EMBEDDED_TEMPLATE = "Movie review: {text}\nIs this review positive or negative?\
 EMBEDDED_VERBALIZERS = {"fresh": "positive", "rotten": "negative"}
 
 
+def _verbalizers(config: Config) -> dict[str, str]:
+    """label name -> the word the prompt scores: the config's, or the embedded data set's own."""
+    return config.verbalizers or (EMBEDDED_VERBALIZERS if config.data == EMBEDDED_DATA else {})
+
+
 def prompt_setup(config: Config, id2label: dict[int, str]) -> tuple[str, list[str]]:
     """(template, verbalizer word per label id). The embedded data set has its own sensible defaults."""
-    embedded = config.data == EMBEDDED_DATA
-    mapping = config.verbalizers or (EMBEDDED_VERBALIZERS if embedded else {})
+    mapping = _verbalizers(config)
     words = [mapping.get(id2label[i], id2label[i]) for i in sorted(id2label)]
-    template = config.prompt_template or (EMBEDDED_TEMPLATE if embedded else DEFAULT_TEMPLATE)
+    template = config.prompt_template or (EMBEDDED_TEMPLATE if config.data == EMBEDDED_DATA else DEFAULT_TEMPLATE)
     if "{text}" not in template:
         raise LoraclsError("config: prompt_template must contain {text}")
     return template, words
@@ -44,8 +48,7 @@ _CODE = re.compile(r".*[0-9_].*|.|[A-Z]{2,5}")
 
 def code_labels(config: Config, id2label: dict[int, str]) -> list[str]:
     """The label names the zero-shot prompt would score as they are although they are codes (no verbalizer)."""
-    embedded = config.data == EMBEDDED_DATA
-    mapping = config.verbalizers or (EMBEDDED_VERBALIZERS if embedded else {})
+    mapping = _verbalizers(config)
     return [name for name in id2label.values() if name not in mapping and _CODE.fullmatch(name.strip())]
 
 
