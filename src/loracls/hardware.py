@@ -3,6 +3,7 @@ environment record written into every run directory."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass, field
@@ -232,17 +233,23 @@ def environment_record(runtime: Runtime | None = None) -> dict:
     return record
 
 
-def release_free_memory() -> None:
-    """Give memory the allocator holds but no tensor uses back to the system (glibc's malloc_trim): after
-    training steps and validation batches of changing shapes, freed blocks stay in the heap and the
-    resident size keeps growing. A no-op where glibc is not the allocator."""
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig), or None under another allocator."""
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
     except OSError:
-        pass
+        return None
+
+
+def release_free_memory() -> None:
+    """Give memory the allocator holds but no tensor uses back to the system (glibc's malloc_trim): after
+    training steps and validation batches of changing shapes, freed blocks stay in the heap and the
+    resident size keeps growing. A no-op where glibc is not the allocator."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -93,8 +93,8 @@ def micro_batch_size(config: Config, device: torch.device) -> int:
     return config.batch_size * config.gradient_accumulation if device.type == "cpu" else config.batch_size
 
 
-# padded tokens a pass on CPU: a 32 x 256-token step in one pass peaked at 14.2 GB RSS (Chinese reviews, fp32),
-# 8.7 GB in passes of 4096 tokens; 2048 keeps any max_length-256 job under 8 GB (README "Memory")
+# padded tokens a pass on CPU: a 12-step run on Chinese reviews at max_length 256 (fp32) peaked at 14.2 GB RSS
+# with whole 32-text passes, 8.7 GB with passes of 4096 tokens and 6.3 GB with 2048 (README "Memory")
 CPU_PASS_TOKENS = 2048
 
 
@@ -274,7 +274,7 @@ class Trainer:
     def validate(self, step: int) -> None:
         """Score the validation split; keep the best adapter; stop on a non-finite validation."""
         accuracy, loss, macro_f1 = self._score_validation(step)
-        release_free_memory()  # the allocator otherwise keeps what validation's batches freed (RSS grew 6 GB)
+        release_free_memory()  # the allocator otherwise keeps what training and validation batches freed
         stopping = self.state.stopping
         if not (math.isfinite(accuracy) and math.isfinite(loss)):
             raise LoraclsError(f"validation at step {step} gave non-finite outputs: training stopped; the best adapter "
