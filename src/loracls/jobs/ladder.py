@@ -8,7 +8,7 @@ reads them back instead of computing them again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loracls import files, runs
@@ -33,10 +33,10 @@ class Ladder:
     zero_shot: BaselineRecord | None = None
     tfidf: TfidfRecord | None = None
     encoder: EncoderRecord | None = None
-    skipped: list[SkippedBaseline] | None = None
+    skipped: list[SkippedBaseline] = field(default_factory=list)
 
     def summary(self) -> BaselineSummary:
-        out = BaselineSummary(skipped=list(self.skipped or []))
+        out = BaselineSummary(skipped=list(self.skipped))
         if self.zero_shot is not None:
             out.zero_shot_accuracy = self.zero_shot.zero_shot.accuracy
             out.calibrated_accuracy = self.zero_shot.calibrated.accuracy
@@ -59,7 +59,7 @@ def run_ladder(config: Config, dataset: Dataset, runtime, model_dir: Path, token
                log=print) -> Ladder:
     """Every baseline the config names, on the test split; with `run`, each record is written there (and
     read back where a resumed run already has it)."""
-    ladder = Ladder(skipped=[])
+    ladder = Ladder()
     if "zero_shot" in config.baselines:
         reason = zero_shot_skip_reason(config, dataset.id2label)
         if reason:
@@ -97,20 +97,20 @@ def _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log) -> Base
 
 def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by: str) -> Verdict:
     """Every model side by side, and which to ship."""
-    rows = []
-    if ladder is not None and ladder.zero_shot is not None:
+    ladder, rows = ladder or Ladder(), []
+    if ladder.zero_shot is not None:
         zero = ladder.zero_shot
         common = dict(train_seconds=0.0, texts_per_second=zero.texts_per_second, parameters=zero.parameters)
         rows += [LadderRow("zero-shot", zero.zero_shot.accuracy, zero.zero_shot.macro_f1, **common,
                            detail="the base LM scores each label's word after a prompt"),
                  LadderRow("zero-shot, calibrated", zero.calibrated.accuracy, zero.calibrated.macro_f1,
                            ece=zero.calibrated_ece, **common, detail="content-free prompt correction")]
-    if ladder is not None and ladder.tfidf is not None:
+    if ladder.tfidf is not None:
         tfidf = ladder.tfidf
         rows.append(LadderRow("TF-IDF", tfidf.test.accuracy, tfidf.test.macro_f1, ece=tfidf.ece,
                               train_seconds=tfidf.seconds, texts_per_second=tfidf.texts_per_second,
                               parameters=tfidf.parameters, detail=f"+ logistic regression, C={tfidf.c:g}"))
-    if ladder is not None and ladder.encoder is not None:
+    if ladder.encoder is not None:
         enc = ladder.encoder
         rows.append(LadderRow("encoder", enc.test.accuracy, enc.test.macro_f1, ece=enc.test_ece,
                               train_seconds=enc.train_seconds, texts_per_second=enc.texts_per_second,
