@@ -73,13 +73,24 @@ def test_splits_keep_the_proportions_of_label_sets(sets_jsonl):
 
 @pytest.mark.parametrize("cell, message", [
     ('["pos", ', "starts like a JSON list but is not one"),
-    ('[["pos"]]', "must be a list of labels or text"),
+    ('[["pos"]]', "row 1: a multi_label cell must list label names as strings"),
     ('["pos", " "]', "blank label name"),
+    ('{"pos": 1}', "row 1: label cell .* is a mapping, not a label set"),
+    ('[1, 2]', "row 1: a multi_label cell must list label names as strings, got int"),
 ])
 def test_bad_label_cells_are_one_line(tmp_path, cell, message):
     path = tmp_path / "bad.csv"
     pd.DataFrame({"text": ["good film", "bad film", "ok film"], "label": ['["pos"]', cell, '["neg"]']}).to_csv(path, index=False)
     with pytest.raises(LoraclsError, match=message):
+        load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
+
+
+@pytest.mark.parametrize("cell", [3, {"pos": 1}, [1], ["pos", None], True])
+def test_jsonl_cells_that_are_not_label_sets_are_refused_with_their_row(tmp_path, cell):
+    path = tmp_path / "bad.jsonl"
+    rows = [{"text": "good film", "label": ["pos"]}, {"text": "bad film", "label": cell}, {"text": "ok", "label": []}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(LoraclsError, match="row 1: .*multi_label cell|row 1: label cell"):
         load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
 
 

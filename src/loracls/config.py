@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import math
 import re
+import string
 import types
 import typing
 from dataclasses import dataclass, field
@@ -116,8 +117,14 @@ class Config:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if not self.target_modules:
             raise LoraclsError("config: target_modules is empty")
-        if self.input_template is not None and "{text}" not in self.input_template:
-            raise LoraclsError("config: input_template must contain {text}")
+        check_template("input_template", self.input_template, ("text",))
+        check_template("prompt_template", self.prompt_template, ("text", "choices"))
+        if self.chunk_stride is not None and self.chunk_stride > self.max_length:
+            raise LoraclsError(f"config: chunk_stride {self.chunk_stride} > max_length {self.max_length}: the tokens "
+                               f"between two windows would never be read; use a stride <= max_length")
+        empty = [name for name, word in (self.verbalizers or {}).items() if not word.strip()]
+        if empty:
+            raise LoraclsError(f"config: verbalizers must map each label to a word; empty for {', '.join(empty)}")
         if self.labels is not None and len(set(self.labels)) != len(self.labels):
             raise LoraclsError("config: labels has duplicates")
         if self.run_name is not None:
@@ -195,6 +202,28 @@ def _check_range(name: str, value, low, high, low_open: bool) -> None:
         bound += [f"<= {high}"] if high is not None else []
         optional = " or null" if type(None) in typing.get_args(_TYPES[name]) else ""
         raise LoraclsError(f"config: {name} must be {' and '.join(bound)}{optional}, got {value}")
+
+
+def check_template(name: str, template: str | None, allowed: tuple[str, ...]) -> None:
+    """A template is parsed as Python's str.format reads it: it must hold {text}, and no other field than
+    `allowed` (no positional `{}`, no conversion or format spec); literal braces are written {{ and }}."""
+    if template is None:
+        return
+    fields = ", ".join("{" + field + "}" for field in allowed)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise LoraclsError(f"config: {name} is not a valid template ({exc}); write {{{{ and }}}} for a literal "
+                           f"brace") from None
+    for _, field_name, spec, conversion in parsed:
+        if field_name is None:
+            continue
+        if field_name not in allowed or spec or conversion:
+            shown = "{" + field_name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise LoraclsError(f"config: {name} may hold only {fields}, got {shown}; write {{{{ and }}}} for a "
+                               f"literal brace")
+    if not any(field_name == "text" for _, field_name, _, _ in parsed):
+        raise LoraclsError(f"config: {name} must contain {{text}}")
 
 
 def check_run_name(name: str) -> str:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from loracls.calibration import reliability
-from loracls.config import EMBEDDED_DATA, Config
+from loracls.config import EMBEDDED_DATA, Config, check_template
 from loracls.errors import LoraclsError, first_line
 from loracls.metrics import classification_metrics
 from loracls.runs import BaselineRecord
@@ -33,12 +33,20 @@ def _verbalizers(config: Config) -> dict[str, str]:
 
 def prompt_setup(config: Config, id2label: dict[int, str]) -> tuple[str, list[str]]:
     """(template, verbalizer word per label id). The embedded data set has its own sensible defaults."""
+    check_verbalizers(config, id2label)
     mapping = _verbalizers(config)
     words = [mapping.get(id2label[i], id2label[i]) for i in sorted(id2label)]
     template = config.prompt_template or (EMBEDDED_TEMPLATE if config.data == EMBEDDED_DATA else DEFAULT_TEMPLATE)
-    if "{text}" not in template:
-        raise LoraclsError("config: prompt_template must contain {text}")
+    check_template("prompt_template", template, ("text", "choices"))
     return template, words
+
+
+def check_verbalizers(config: Config, id2label: dict[int, str]) -> None:
+    """Verbalizers may name only labels the data has (a typo would otherwise score the bare label name)."""
+    unknown = sorted(set(config.verbalizers or {}) - set(id2label.values()))
+    if unknown:
+        raise LoraclsError(f"config: verbalizers name labels the data does not have: {', '.join(unknown)} "
+                           f"(labels: {', '.join(id2label[i] for i in sorted(id2label))})")
 
 
 # a label name that is a code, not a word: digits (`0`, `label_3`, `C1`), an underscore, a single character,

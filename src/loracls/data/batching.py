@@ -17,7 +17,7 @@ def encode(tokenizer, texts: list[str], max_length: int, template: str | None = 
 
 
 def _template_budget(tokenizer, max_length: int, template: str) -> int:
-    overhead = len(tokenizer(template.replace("{text}", ""))["input_ids"]) + 2
+    overhead = len(tokenizer(template.format(text=""))["input_ids"]) + 2
     if overhead >= max_length:
         raise LoraclsError(f"max_length {max_length} leaves no room for text: the input_template takes "
                            f"{overhead - 2} tokens; raise max_length or shorten the template")
@@ -35,7 +35,7 @@ def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
         budget = _template_budget(tokenizer, max_length, template)
         pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
         truncated = [len(ids) > budget for ids in pieces]
-        texts = [template.replace("{text}", t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
+        texts = [template.format(text=t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
                  for t, ids in zip(texts, pieces)]
         out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
         return [list(ids) for ids in out], truncated
@@ -98,7 +98,7 @@ class TextEncoder:
     def _frame(self, window: list[int]) -> list[int]:
         """The window as the tokenizer would encode a text of exactly these tokens (its special tokens added)."""
         if self.template is not None:
-            text = self.template.replace("{text}", self.tokenizer.decode(window))
+            text = self.template.format(text=self.tokenizer.decode(window))
             return list(self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"])
         return self.prefix + list(window) + self.suffix
 

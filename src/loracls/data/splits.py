@@ -95,6 +95,9 @@ def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str
     text split by `label_separator`, or one label."""
     if isinstance(value, str):
         text = value.strip()
+        if text.startswith("{") and text.endswith("}"):
+            raise LoraclsError(f"{source}: row {row}: label cell {text[:40]!r} is a mapping, not a label set; give "
+                               f"a list of labels or text split by label_separator")
         if text.startswith("["):
             try:
                 value = json.loads(text)
@@ -105,9 +108,14 @@ def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str
             value = [] if not text else text.split(separator) if separator is not None else [text]
     if isinstance(value, np.ndarray):
         value = value.tolist()
-    if not isinstance(value, (list, tuple)) or any(isinstance(v, (list, tuple, dict)) for v in value):
+    if not isinstance(value, (list, tuple)):
         raise LoraclsError(f"{source}: row {row}: a multi_label cell must be a list of labels or text, got "
-                           f"{type(value).__name__}")
+                           f"{type(value).__name__} {value!r:.40}")
+    odd = [v for v in value if not isinstance(v, str)]
+    if odd:
+        odd = odd[0]
+        raise LoraclsError(f"{source}: row {row}: a multi_label cell must list label names as strings, got "
+                           f"{type(odd).__name__} {odd!r:.40} in {value!r:.60}")
     names = [str(v).strip() for v in value]
     if any(not name for name in names):
         raise LoraclsError(f"{source}: row {row}: blank label name in {value!r}")

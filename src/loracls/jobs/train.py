@@ -16,7 +16,7 @@ import torch
 from loracls import files, runs
 from loracls.calibration import CalibrationRecord, calibrate
 from loracls.baselines.encoder import check_encoder
-from loracls.baselines.zero_shot import prompt_setup
+from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
 from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.config import Config, from_dict
 from loracls.data.batching import Encoded, TextEncoder
@@ -27,7 +27,7 @@ from loracls.jobs.preflight import preflight
 from loracls.decision import Decision, sigmoid, tune_thresholds
 from loracls.metrics import (ClassificationMetrics, MultiLabelMetrics, evaluation_metrics, format_metrics,
                              prediction_rows)
-from loracls.model.classifier import LoadedModel, init_head_from_verbalizers, load_classifier
+from loracls.model.classifier import LoadedModel, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
@@ -100,6 +100,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
+    check_verbalizers(config, dataset.id2label)
     if config.baseline and "zero_shot" in config.baselines and not config.multi_label \
             or config.head_init == "verbalizer":
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
@@ -107,6 +108,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
         check_encoder(config.encoder_model, log)  # a bad encoder_model is refused before anything is written
     config = _prompt_as_input(config, dataset)
     model_dir = resolve_model_dir(config.model, log)
+    check_max_length(model_dir, config.max_length)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
     loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization,
                              head_init="random" if config.head_init == "random" else "zero", problem=config.problem)
@@ -134,7 +136,8 @@ def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
     if config.head_init != "verbalizer" or config.input_template is not None:
         return config
     template, words = prompt_setup(config, dataset.id2label)
-    return from_dict({"input_template": template.replace("{choices}", ", ".join(words))}, base=config)
+    choices = ", ".join(words).replace("{", "{{").replace("}", "}}")  # the words are text, not fields
+    return from_dict({"input_template": template.replace("{choices}", choices)}, base=config)
 
 
 def _verbalizer_head(loaded: LoadedModel, config: Config, dataset: Dataset, log) -> None:

@@ -69,6 +69,19 @@ def quantization_kwargs(quantization: str) -> dict:
     return {"quantization_config": config, "device_map": {"": 0}}
 
 
+def check_max_length(model_dir: Path, max_length: int) -> None:
+    """max_length must fit the model's positions (beyond them a model reads garbage or fails mid-run)."""
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir))
+    except Exception as exc:
+        raise LoraclsError(f"cannot read the model config in {model_dir}: {first_line(exc)}") from None
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and max_length > positions:
+        raise LoraclsError(f"config: max_length {max_length} is beyond the model's {positions} positions "
+                           f"({model_dir}); use max_length <= {positions}")
+
+
 def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtype = torch.float32, log=print,
                     quantization: str = "none", head_init: str = "zero", problem: str = "single_label") -> LoadedModel:
     """Base decoder + a new classification head (zeros, or transformers' random init). Refuses checkpoints

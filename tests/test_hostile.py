@@ -1,0 +1,38 @@
+"""The hostile cases kept in tests/hostile/: every refusal the suite knows ends in one `loracls: ...` line,
+exit code 2, no traceback, and nothing written (the output folder is not made)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_overrides
+from loracls.cli import main
+
+HOSTILE = Path(__file__).parent / "hostile"
+TRAIN_REFUSALS = yaml.safe_load((HOSTILE / "train_refusals.yaml").read_text())
+
+
+def _as_set(key, value) -> list[str]:
+    return ["--set", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+
+
+@pytest.mark.parametrize("case", TRAIN_REFUSALS, ids=lambda case: case["message"][:40])
+def test_train_refusals_write_nothing(case, tmp_path, gemma3_dir, data_csv, capsys):
+    data = data_csv
+    if "data" in case:
+        data = tmp_path / case["data"]["name"]
+        data.write_text(case["data"]["content"])
+    out = tmp_path / "runs"
+    args = ["train", *tiny_overrides(gemma3_dir, data, out, epochs=1)]
+    for key, value in case["set"].items():
+        args += _as_set(key, value)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in err), err
+    refusals = [line for line in err if line.startswith("loracls: ")]
+    assert refusals == [err[-1]], err
+    assert re.search(case["message"], err[-1]), err[-1]
+    assert not out.exists(), sorted(p.name for p in out.rglob("*"))
