@@ -38,6 +38,15 @@ def test_onnx_export_matches_pytorch(run_copy, capsys):
     logits = session.run(None, {"input_ids": encoded["input_ids"].astype(np.int64),
                                 "attention_mask": encoded["attention_mask"].astype(np.int64)})[0]
     assert logits.argmax(1).tolist() == [1, 0]
+    # a second export is refused until --force, which replaces the export (never some other folder)
+    assert main(["export", str(run_copy), "--format", "onnx"]) == 2
+    assert "add --force to replace it" in capsys.readouterr().err
+    assert main(["export", str(run_copy), "--format", "onnx", "--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["label_agreement"] == 1.0
+    assert not [p.name for p in run_copy.glob(".onnx.*")]
+    other = run_copy / "predictions"
+    assert main(["export", str(run_copy), "--format", "onnx", "--force", "--out", str(other)]) == 2
+    assert "not an ONNX export" in capsys.readouterr().err and (other / "test.jsonl").is_file()
 
 
 def test_onnx_exporter_failure_is_one_line_and_leaves_nothing(run_copy, monkeypatch, capsys):

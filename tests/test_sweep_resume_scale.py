@@ -79,7 +79,13 @@ def straight_and_resumed(gemma3_dir, data_csv, tmp_path, **common):
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "run" / "metrics.json").exists()
-    assert main(["train", "--resume", str(killed / "run")]) == 0
+    leftovers = [killed / "run" / ".checkpoint.pt.k2j4h5g6", killed / "run" / ".adapter.x9_y8z7w",
+                 killed / "run" / "predictions" / ".test.jsonl.abcd1234"]  # what a kill mid-write leaves
+    leftovers[0].write_bytes(b"half a checkpoint")
+    leftovers[1].mkdir()
+    leftovers[2].write_text("half")
+    assert main(["train", "--resume", str(killed / "run")]) == 0  # the dead process's lock is taken over
+    assert not [path for path in leftovers if path.exists()]
     a = json.loads((straight / "run" / "metrics.json").read_text())
     b = json.loads((killed / "run" / "metrics.json").read_text())
     assert a["test"] == b["test"] and a["validation"] == b["validation"] and a["train"]["steps"] == b["train"]["steps"]

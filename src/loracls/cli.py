@@ -76,21 +76,22 @@ def cmd_serve(args) -> None:
 
 
 def cmd_export(args) -> None:
+    from loracls import runs
     from loracls.files import json_line
-    from loracls.runs import to_dict
 
-    if args.format == "onnx":
-        from loracls.inference.onnx_export import export_onnx
-
-        if args.dtype != "fp32":
-            raise LoraclsError("export --format onnx writes fp32 (checked against PyTorch in fp32); drop --dtype")
-        print(json_line(export_onnx(args.run, args.out, log)))
-        return
-    from loracls.inference.export import remerge
-
-    if args.out:
+    if args.format == "onnx" and args.dtype != "fp32":
+        raise LoraclsError("export --format onnx writes fp32 (checked against PyTorch in fp32); drop --dtype")
+    if args.format == "merged" and args.out:
         raise LoraclsError("export --format merged writes RUN/merged; --out is for onnx")
-    print(json_line(to_dict(remerge(args.run, args.dtype, log))))
+    with runs.hold(runs.check_run_dir(args.run)):  # one writer per run directory
+        if args.format == "onnx":
+            from loracls.inference.onnx_export import export_onnx
+
+            print(json_line(export_onnx(args.run, args.out, log, replace=args.force)))
+            return
+        from loracls.inference.export import remerge
+
+        print(json_line(runs.to_dict(remerge(args.run, args.dtype, log))))
 
 
 def cmd_modules(args) -> None:
@@ -287,6 +288,8 @@ def _run_commands(sub) -> None:
     p.add_argument("--format", choices=["onnx", "merged"], required=True)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="merged weights (bf16: half the size)")
     p.add_argument("--out", help="onnx: the folder to write (default RUN/onnx)")
+    p.add_argument("--force", action="store_true", help="onnx: replace an existing export (written whole, then "
+                                                        "swapped in: a failed export keeps the old one)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("modules", help="list a model's LoRA-able modules and what patterns match")

@@ -4,13 +4,16 @@ JSON is written strictly (NaN or Infinity is refused: they make a file invalid J
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from loracls.errors import LoraclsError
 
@@ -29,15 +32,59 @@ def _temp_file_beside(path: Path) -> Path:
     return Path(tmp)
 
 
-def write_file_atomically(path: Path, fill: Callable[[Path], None]) -> None:
+# what writers say when the disk is full or read-only but raise no OSError: safetensors (Rust's io::Error)
+# and torch.save (the zip writer's "file write failed")
+_FULL_HINTS = ("no space left", "os error 28", "code: 28", "storagefull", "file write failed", "quota exceeded")
+_READ_ONLY_HINTS = ("read-only file system", "os error 30", "code: 30")
+
+
+def _mount_point(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _disk_refusal(exc: BaseException, path: Path, what: str | None) -> LoraclsError | None:
+    """One line for a write the machine refused (full disk, quota, read-only, no permission), else None."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    text = str(exc).lower()
+    writing_what = f"{what} ({path})" if what else str(path)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(hint in text for hint in _FULL_HINTS):
+        return LoraclsError(f"no space left on {_mount_point(path.parent)} while writing {writing_what}; free "
+                            f"some space and run again (an interrupted train continues with --resume)")
+    if code == errno.EROFS or any(hint in text for hint in _READ_ONLY_HINTS):
+        return LoraclsError(f"read-only file system at {_mount_point(path.parent)} while writing {writing_what}")
+    if isinstance(exc, OSError) and code is not None:
+        return LoraclsError(f"cannot write {writing_what}: {exc.strerror or exc}")
+    return None
+
+
+@contextmanager
+def writing(path: Path, what: str | None = None) -> Iterator[None]:
+    """Around any write to `path`: a full or read-only disk becomes one line naming `path` and what was being
+    written (never the hidden temp file, never a writer library's internal message)."""
+    try:
+        yield
+    except LoraclsError:
+        raise
+    except Exception as exc:
+        refusal = _disk_refusal(exc, Path(path), what)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+def write_file_atomically(path: Path, fill: Callable[[Path], None], what: str | None = None) -> None:
     """`fill(temp_path)` writes the content; the temp file then replaces `path` in one rename."""
     path = Path(path)
-    tmp = _temp_file_beside(path)
-    try:
-        fill(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with writing(path, what):
+        tmp = _temp_file_beside(path)
+        try:
+            fill(tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -74,7 +121,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def append_jsonl(path: Path, row: dict) -> None:
     line = json_line(row) + "\n"  # checked before the file is touched
-    with open(path, "a", encoding="utf-8") as fh:
+    with writing(path), open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
 
 
@@ -92,20 +139,35 @@ def _apply_umask(directory: Path) -> None:
                 os.chmod(path, 0o666 & ~mask)
 
 
-def replace_dir(target: Path, fill: Callable[[Path], None]) -> None:
+def replace_dir(target: Path, fill: Callable[[Path], None], what: str | None = None) -> None:
     """Write a directory through `fill(staging_path)` and swap it in whole."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    old = target.with_name(f".{target.name}.old")
-    try:
-        fill(staging)
-        _apply_umask(staging)
-        if target.exists():
-            os.replace(target, old)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    with writing(target, what):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        old = target.with_name(f".{target.name}.old")
+        try:
+            fill(staging)
+            _apply_umask(staging)
+            if target.exists():
+                os.replace(target, old)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# the temp names `write_file_atomically` (mkstemp) and `replace_dir` (mkdtemp, and its `.NAME.old`) give
+_LEFTOVER = re.compile(r"\..+\.([a-z0-9_]{8}|old)")
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Delete the temp files and staging folders a killed writer left in `directory`; returns what went."""
+    removed = []
+    for path in Path(directory).glob(".*"):
+        if _LEFTOVER.fullmatch(path.name):
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def read_text(path: Path, what: str = "file") -> str:
@@ -155,3 +217,30 @@ def truncate_lines(path: Path, keep: int) -> None:
     if path.is_file():
         lines = read_text(path).splitlines(keepends=True)
         write_text(path, "".join(lines[:keep]))
+
+
+class Busy(LoraclsError):
+    """Another live process holds the lock (its PID is in the message)."""
+
+
+@contextmanager
+def exclusive(lock_path: Path, wait: bool = False, what: str = "this folder") -> Iterator[None]:
+    """An advisory lock (`fcntl.flock`) held for the block. `wait=False` refuses at once, naming the PID that
+    holds it; a lock left by a dead process is free (the kernel drops a flock when its process ends)."""
+    import fcntl
+
+    lock_path = Path(lock_path)
+    with writing(lock_path, "the lock file"):
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise Busy(f"{what} is in use by another loracls process (PID {holder}); wait for it to end or stop "
+                       f"it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

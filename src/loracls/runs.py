@@ -37,6 +37,7 @@ MERGED = "merged"
 PREDICTIONS = "predictions"
 CHECKPOINT = "checkpoint.pt"
 CALIBRATION = "loracls_calibration.json"  # inside adapter/: the Decision (temperature or per-label thresholds)
+LOCK = ".loracls.lock"  # held (flock) by the one process that writes the run: train, export, sweep
 
 
 # --- the records -------------------------------------------------------------------------------------
@@ -241,6 +242,18 @@ def check_resumable(path: str) -> Path:
     if (run / METRICS).exists():
         raise LoraclsError(f"{path} already finished ({METRICS} exists); nothing to resume")
     return run
+
+
+def hold(run: Path):
+    """The run directory's writer lock, for the life of a `with` block: a second writer is refused in one
+    line naming the live PID; a lock left by a dead process is taken over."""
+    return files.exclusive(Path(run) / LOCK, wait=False, what=f"run directory {run}")
+
+
+def remove_leftovers(run: Path) -> list[Path]:
+    """The temp files and staging folders a killed writer left in a run directory (a resume starts with this,
+    a finished run ends with it)."""
+    return files.remove_leftovers(run) + files.remove_leftovers(Path(run) / PREDICTIONS)
 
 
 def check_run_dir(path: str) -> Path:

@@ -93,6 +93,12 @@ def run_sweep(base: Config, grid: dict[str, list], train, log=print) -> Path:
     sweep_dir = Path(base.output_dir) / (base.run_name or time.strftime("sweep-%Y%m%d-%H%M%S"))
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise LoraclsError(f"sweep directory {sweep_dir} already exists and is not empty")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with runs.hold(sweep_dir):  # one writer per sweep directory
+        return _run_points(sweep_dir, points, grid, train, log)
+
+
+def _run_points(sweep_dir: Path, points: list, grid: dict[str, list], train, log) -> Path:
     log(f"sweep: {len(points)} runs in {sweep_dir}")
     rows = []
     for i, (name, config) in enumerate(points, 1):

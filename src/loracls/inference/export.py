@@ -109,7 +109,7 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
             write_generic_module(staging, type(merged))
         InputFormat.of_run(config, decision).write(staging)
 
-    files.replace_dir(run / runs.MERGED, fill)
+    files.replace_dir(run / runs.MERGED, fill, "the merged model")
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)
     check = compare_predictions(adapter_probs, probabilities(standalone), dtype, decision)
     if not check.predictions_equal:

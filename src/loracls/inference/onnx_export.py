@@ -63,15 +63,20 @@ def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) ->
                           lambda batch: session.run(None, {k: v.numpy() for k, v in batch.items()})[0])
 
 
-def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
+def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool = False) -> dict:
     _require_onnx()
     import onnxruntime
 
     run = runs.check_run_dir(run_path)
     config = runs.read_config(run)
     target = Path(out) if out else run / ONNX_DIR
+    if target.exists() and not target.is_dir():
+        raise LoraclsError(f"{target} exists and is not a folder")
     if target.exists() and any(target.iterdir()):
-        raise LoraclsError(f"{target} already exists and is not empty")
+        if not replace:
+            raise LoraclsError(f"{target} already exists and is not empty; add --force to replace it")
+        if not (target / "model.onnx").is_file():  # --force replaces an export, never some other folder
+            raise LoraclsError(f"{target} is not an ONNX export (no model.onnx): refusing to replace it")
     classifier = Classifier(run_path, log, device="cpu", precision="fp32")  # exported and checked in fp32 on the CPU
     test = load_dataset(config).test
     encoded = classifier.encode(test.texts)
@@ -88,7 +93,7 @@ def export_onnx(run_path: str, out: str | None = None, log=print) -> dict:
                     decision.temperature, decision.problem, decision.thresholds).write(staging)
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
-    files.replace_dir(target, fill)
+    files.replace_dir(target, fill, "the ONNX export")
     session = onnxruntime.InferenceSession(str(target / "model.onnx"), providers=["CPUExecutionProvider"])
     started = time.perf_counter()
     torch_logits = predict_logits(classifier.model, ids, pad, classifier.batch_size, classifier.runtime)

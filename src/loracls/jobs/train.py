@@ -6,6 +6,7 @@ is made, so bad input leaves nothing behind. Under torchrun every process runs t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +54,15 @@ class Job:
 
 
 def train(config: Config | None, log=print, resume: str | None = None) -> Path:
-    """The main job. With `resume`, the run directory's own config and checkpoint are used."""
+    """The main job. With `resume`, the run directory's own config and checkpoint are used. The run
+    directory's writer lock is held from its first write (or the resume's start) to the end."""
+    with contextlib.ExitStack() as held:
+        return _train(config, log, resume, held)
+
+
+def _train(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> Path:
     started = time.perf_counter()
-    job = _prepare(config, log, resume)
+    job = _prepare(config, log, resume, held)
     ladder = _baselines(job)
     result = _fit(job)
     encoded = {name: job.encoded[name] for name in ("validation", "test")}
@@ -82,6 +89,7 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
                       verdict=verdict_of(ladder, lora, test.examples, job.config.select_by))
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
+    runs.remove_leftovers(job.run)
     _say_done(job, metrics)
     return job.run
 
@@ -89,11 +97,15 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
 # --- the phases -------------------------------------------------------------------------------------
 
 
-def _prepare(config: Config | None, log, resume: str | None) -> Job:
+def _prepare(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> Job:
     """Runtime, data, model and LoRA, all checked; then the run directory (rank 0 writes, all get its path)."""
     distributed.init_from_environment()
     log = log if distributed.is_main() else _quiet
     resume_dir = runs.check_resumable(resume) if resume else None
+    if resume_dir is not None and distributed.is_main():
+        held.enter_context(runs.hold(resume_dir))
+        for path in runs.remove_leftovers(resume_dir):
+            log(f"resume: removed {path.name}, left by the interrupted process")
     config = runs.read_config(resume_dir) if resume_dir is not None else config
     runtime = setup_runtime(config.device, config.precision, config.threads, config.deterministic)
     runtime.device = distributed.local_device(runtime.device)
@@ -125,7 +137,7 @@ def _prepare(config: Config | None, log, resume: str | None) -> Job:
         units = distributed.shard_model(model)
         log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
-    run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset)
+    run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
     return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log, encoded)
 
@@ -167,10 +179,11 @@ def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str
     return encoded
 
 
-def _new_run(config: Config, runtime: Runtime, dataset: Dataset) -> Path:
+def _new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib.ExitStack) -> Path:
     run = None
     if distributed.is_main():
         run = runs.new_run_dir(config.output_dir, config.run_name)
+        held.enter_context(runs.hold(run))
         runs.write_config(run, config)
         files.write_json(run / runs.ENV, environment_record(runtime))
         runs.write_labels(run, dataset.id2label)

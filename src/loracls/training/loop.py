@@ -285,7 +285,8 @@ class Trainer:
             self.best_state = distributed.full_copy(self._trainable())
             if distributed.is_main():
                 files.replace_dir(self.run / runs.ADAPTER,
-                                  lambda directory: self.model.save_pretrained(directory, state_dict=self.best_state))
+                                  lambda directory: self.model.save_pretrained(directory, state_dict=self.best_state),
+                                  "the best adapter")
         self._log_line({"step": step, "validation_accuracy": accuracy, "validation_loss": round(loss, 5),
                         "validation_macro_f1": round(macro_f1, 5), "best": stopping.best_accuracy, "improved": improved})
         self.log(f"step {step}: validation accuracy {accuracy:.4f}, macro F1 {macro_f1:.4f}, loss {loss:.4f} "
