@@ -64,3 +64,18 @@ def test_modules_lists_and_matches(gemma3_dir, capsys):
     assert "model.layers.*.self_attn.q_proj" in out and "Linear 32->32" in out and "x2" in out
     assert "pattern 'q_proj' matches 2 module(s)" in out
     assert "pattern 'nothing_here' matches 0 module(s)" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--bogus"], "unrecognized arguments: --bogus"),
+    (["serve"], "serve: the following arguments are required: run"),
+    ([], "the following arguments are required: command"),
+    (["predict", "RUN", "--batch-size", "0"], "predict: argument --batch-size: must be >= 1, got 0"),
+    (["serve", "RUN", "--port", "eighty"], "serve: argument --port: invalid int value: 'eighty'"),
+    (["export", "RUN", "--format", "tflite"], "export: argument --format: invalid choice: 'tflite'"),
+    (["nonsense"], "argument command: invalid choice: 'nonsense'"),
+])
+def test_command_line_errors_are_one_line_exit_2(args, message, capsys):
+    code, err = run_cli(args, capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("loracls: ") and message in err[0], err
+    assert "--help" in err[0]

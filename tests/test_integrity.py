@@ -335,3 +335,81 @@ def test_a_second_writer_is_refused_naming_the_live_pid_and_a_dead_ones_lock_is_
         holder.wait()
     with runs.hold(run):  # the dead holder's lock is free
         assert (run / runs.LOCK).read_text().strip() == str(os.getpid())
+
+
+# --- a checkpoint's contents, checked against a typed record and the model before anything is loaded ---------
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(gemma3_dir, data_csv, tmp_path_factory):
+    """A run stopped after training, before its test pass: it holds a real checkpoint.pt to resume from."""
+    from loracls.jobs import train as train_job
+
+    out = tmp_path_factory.mktemp("interrupted")
+    patch = pytest.MonkeyPatch()
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    patch.setattr(train_job, "_best_logits", stop)
+    try:
+        assert main(["train", *tiny_overrides(gemma3_dir, data_csv, out, epochs=2, baseline=False, merge=False)]) == 130
+    finally:
+        patch.undo()
+    assert (out / "run" / "checkpoint.pt").is_file()
+    return out / "run"
+
+
+def _damaged(payload: dict, how: str) -> dict:
+    name = next(iter(payload["trainable"]))
+    if how == "loop step is text":
+        payload["loop"]["step"] = "12"
+    elif how == "stopping field missing":
+        del payload["loop"]["stopping"]["best_step"]
+    elif how == "trainable is a list":
+        payload["trainable"] = list(payload["trainable"].values())
+    elif how == "a tensor is a number":
+        payload["trainable"][name] = 1.0
+    elif how == "a tensor of another shape":
+        payload["trainable"][name] = torch.zeros(3, 3)
+    elif how == "a parameter missing":
+        del payload["best_state"][name]
+    elif how == "optimizer state of another shape":
+        key = next(iter(payload["optimizer"]["state"]))
+        payload["optimizer"]["state"][key]["exp_avg"] = torch.zeros(2)
+    elif how == "rng is a dict":
+        payload["rng"] = {"cpu": payload["rng"][0]["cpu"]}
+    elif how == "an unknown key":
+        payload["surprise"] = 1
+    return payload
+
+
+@pytest.mark.parametrize("how, message", [
+    ("loop step is text", "not a valid loracls checkpoint: loop.step"),
+    ("stopping field missing", "not a valid loracls checkpoint: loop.stopping.best_step"),
+    ("trainable is a list", "not a valid loracls checkpoint: trainable"),
+    ("a tensor is a number", "not a valid loracls checkpoint: trainable"),
+    ("a tensor of another shape", "does not fit this model: trainable tensor"),
+    ("a parameter missing", "does not fit this model: best_state tensor"),
+    ("optimizer state of another shape", "does not fit this model: optimizer exp_avg"),
+    ("rng is a dict", "not a valid loracls checkpoint: rng"),
+    ("an unknown key", "not a valid loracls checkpoint: surprise"),
+])
+def test_a_checkpoint_with_wrong_types_or_shapes_is_one_line(interrupted_run, tmp_path, how, message, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(interrupted_run, run)
+    payload = torch.load(run / "checkpoint.pt", weights_only=True)
+    torch.save(_damaged(payload, how), run / "checkpoint.pt")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*") if p.name != ".loracls.lock")
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("loracls: ") and message in err[-1], err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*") if p.name != ".loracls.lock") == before
+
+
+def test_the_interrupted_run_itself_resumes(interrupted_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(interrupted_run, run)
+    assert main(["train", "--resume", str(run)]) == 0
+    assert (run / "metrics.json").is_file() and not (run / "checkpoint.pt").exists()

@@ -198,8 +198,20 @@ def _inference_options(parser) -> None:
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="override the run's precision")
 
 
+class _UsageError(Exception):
+    """A command line argparse refused; said in one `loracls:` line like any other bad input."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is one line (argparse prints the usage block and exits)."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("loracls").strip()
+        raise _UsageError(f"{command + ': ' if command else ''}{message} (see: {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
+    parser = _Parser(prog="loracls", description="Small decoder LM + LoRA -> verified text classifier.")
     sub = parser.add_subparsers(dest="command", required=True)
     _job_commands(sub)
     _run_commands(sub)
@@ -299,7 +311,11 @@ def _run_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as exc:
+        print(f"loracls: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         _quiet_libraries()
         code = args.func(args)

@@ -9,14 +9,71 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loracls import files
 from loracls.errors import LoraclsError, first_line
 from loracls.training import distributed
 
 FORMAT = 2
+_STRICT = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
+_Count = Field(ge=0)
+
+
+class StoppingRecord(BaseModel):
+    """training.stopping.EarlyStopping's fields."""
+    model_config = _STRICT
+    patience: int | None
+    select_by: Literal["accuracy", "macro_f1", "loss"]
+    best_score: float
+    best_loss: float
+    best_step: int = _Count
+    best_accuracy: float
+    lowest_loss: float
+    evals_without_gain: int = _Count
+    stopped: bool
+
+
+class LoopRecord(BaseModel):
+    """training.loop.LoopState's fields."""
+    model_config = _STRICT
+    stopping: StoppingRecord
+    step: int = _Count
+    epoch: int = _Count
+    group: int = _Count
+    train_tokens: int = _Count
+    train_seconds: float = Field(ge=0)
+    log_lines: int = _Count
+    window: dict[Literal["loss", "tokens", "steps", "seconds"], float | int]
+
+
+class RngRecord(BaseModel):
+    model_config = _STRICT
+    cpu: torch.Tensor
+    cuda: list[torch.Tensor]
+
+
+class OptimizerRecord(BaseModel):
+    """torch.optim's state_dict: per-parameter state (by index, or by name when gathered from shards)."""
+    model_config = ConfigDict(strict=True, arbitrary_types_allowed=True)
+    state: dict[int | str, dict[str, torch.Tensor | float | int]]
+    param_groups: list[dict]
+
+
+class CheckpointRecord(BaseModel):
+    """checkpoint.pt: what a resumed run reads, checked in full before anything is loaded into the model."""
+    model_config = _STRICT
+    format: Literal[2]
+    loop: LoopRecord
+    trainable: dict[str, torch.Tensor]  # parameter name -> value at the checkpoint's step
+    best_state: dict[str, torch.Tensor]  # the best validation's values (empty before the first)
+    optimizer: OptimizerRecord
+    scheduler: dict
+    scaler: dict
+    rng: list[RngRecord]  # one per process
 
 
 def rng_state() -> dict:
@@ -71,7 +128,36 @@ def read(path: Path) -> dict:
         raise LoraclsError(f"{path} is not a readable loracls checkpoint: {first_line(exc, 160)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise LoraclsError(f"{path} is not a loracls checkpoint of format {FORMAT} (written by another version?)")
+    try:
+        CheckpointRecord.model_validate(payload)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise LoraclsError(f"{path} is not a valid loracls checkpoint: {where}: {problem['msg']}") from None
     return payload
+
+
+def check_fits(payload: dict, trainable: dict[str, torch.Tensor], path: Path) -> None:
+    """The checkpoint's tensors have the names and shapes of this model's trainable parameters, and its
+    optimizer state one entry of the right shape per parameter (checked before any of it is loaded)."""
+    shapes = {name: tuple(value.shape) for name, value in trainable.items()}
+    for key in ("trainable", "best_state"):
+        saved = {name: tuple(value.shape) for name, value in payload[key].items()}
+        if saved and saved != shapes:
+            name = next(iter(sorted(set(saved) ^ set(shapes))), None) or next(
+                n for n in sorted(saved) if saved[n] != shapes[n])
+            raise LoraclsError(f"{path} does not fit this model: {key} tensor {name} is "
+                               f"{saved.get(name, 'absent')}, the model's is {shapes.get(name, 'absent')} "
+                               f"(a checkpoint of another model or LoRA setting?)")
+    indexed = [shapes[name] for name in trainable]
+    for key, state in payload["optimizer"]["state"].items():
+        expected = indexed[key] if isinstance(key, int) and key < len(indexed) else shapes.get(key)
+        if expected is None:
+            raise LoraclsError(f"{path} does not fit this model: optimizer state for parameter {key!r}, which it lacks")
+        odd = [n for n, v in state.items() if isinstance(v, torch.Tensor) and v.dim() and tuple(v.shape) != expected]
+        if odd:
+            raise LoraclsError(f"{path} does not fit this model: optimizer {odd[0]} of parameter {key!r} is "
+                               f"{tuple(state[odd[0]].shape)}, the parameter's is {expected}")
 
 
 def restore(payload: dict, model, optimizer, scheduler, scaler) -> None:

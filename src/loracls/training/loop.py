@@ -177,6 +177,7 @@ class Trainer:
 
     def load_checkpoint(self) -> None:
         payload = checkpoint.read(self.run / runs.CHECKPOINT)
+        checkpoint.check_fits(payload, self._trainable(), self.run / runs.CHECKPOINT)
         self.state = LoopState.from_dict(payload["loop"])
         self.best_state = payload["best_state"]
         self._set_trainable(payload["trainable"])
