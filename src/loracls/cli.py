@@ -72,7 +72,7 @@ def cmd_serve(args) -> None:
 
     classifier = Classifier(args.run, log, args.max_batch_size, args.device, args.precision)
     serve(classifier, args.host, args.port, args.max_batch_size, args.max_wait_ms, args.max_queue,
-          args.max_body_bytes, log)
+          args.max_body_bytes, log, args.max_client_batch_size)
 
 
 def cmd_export(args) -> None:
@@ -290,7 +290,9 @@ def _run_commands(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="0: any free port (the one taken is printed)")
     p.add_argument("--max-batch-size", type=_positive, default=64, help="texts per forward pass")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first text waits for others")
-    p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 503 + Retry-After")
+    p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 429 + Retry-After")
+    p.add_argument("--max-client-batch-size", type=_positive, default=32,
+                   help="texts in one request at most (TEI's name and default); more get 413")
     p.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20, help="larger request bodies get 413")
     _inference_options(p)
     p.set_defaults(func=cmd_serve)

@@ -13,7 +13,11 @@ import numpy as np
 
 
 class Overloaded(Exception):
-    """More texts are queued than the server accepts: the client should retry later (HTTP 503)."""
+    """The queue is full now: the client should retry later (HTTP 429 + Retry-After)."""
+
+
+class TooLarge(Exception):
+    """One request holds more rows than the queue can ever hold: retrying cannot help (HTTP 413)."""
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Batcher:
 
     async def submit(self, ids: list[list[int]]) -> np.ndarray:
         """Logits for `ids` (one row per text), computed in some batch with other requests' texts."""
+        if len(ids) > self.max_queue:
+            raise TooLarge(f"{len(ids)} texts (or windows of long texts) in one request; the queue holds at most "
+                           f"{self.max_queue}")
         if self.queued_texts + len(ids) > self.max_queue:
             raise Overloaded(f"{self.queued_texts} texts are queued (limit {self.max_queue})")
         future = asyncio.get_running_loop().create_future()

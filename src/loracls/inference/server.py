@@ -9,14 +9,15 @@ vLLM or text-embeddings-inference works unchanged:
 - `GET /health`, `GET /info`, `GET /metrics` (Prometheus text format)
 
 Texts longer than max_length are truncated exactly as in training (`usage.truncated_inputs`, and the
-`X-Truncated-Inputs` header on /predict); TEI's `"truncate": false` turns that into a 413 instead. Errors are
-JSON (`{"error", "error_type"}`) and the server keeps serving: 422 bad input, 413 too large, 503 (with
-Retry-After) when more texts are queued than `max_queue`.
+`X-Truncated-Inputs` header on /predict); TEI's `"truncate": false` turns that into a 413 instead. Every
+error is TEI's `{"error", "error_type"}` and the server keeps serving; the statuses are listed in
+`loracls.inference.protocol` and documented in `/openapi.json`.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -26,46 +27,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, field_validator
+from starlette.exceptions import HTTPException
 
 from loracls.errors import first_line
-from loracls.inference.batcher import Batcher, Overloaded
+from loracls.inference.batcher import Batcher, Overloaded, TooLarge
+from loracls.inference.protocol import (ERRORS, ClassifyRequest, ClassifyResponse, HealthResponse, InfoResponse,
+                                        LabelScore, PredictRequest)
 
-TextOrTexts = str | list[str]
 # A gathered batch mixes lengths; cutting it where padding would pass this many tokens per forward pass was
 # measured at 22-26 texts/s against 19-21 uncut (Rotten Tomatoes snippets, concurrency 32, this 2-core CPU).
 SERVE_MAX_TOKENS = 512
-
-
-def _check_texts(value):
-    texts = [value] if isinstance(value, str) else value
-    if not texts:
-        raise ValueError("no text given")
-    for i, text in enumerate(texts):
-        if not text.strip():
-            raise ValueError(f"text {i} is empty")
-    return value
-
-
-class ClassifyRequest(BaseModel):
-    model: str | None = None
-    input: TextOrTexts
-
-    @field_validator("input")
-    @classmethod
-    def check_input(cls, value):
-        return _check_texts(value)
-
-
-class PredictRequest(BaseModel):
-    inputs: TextOrTexts
-    raw_scores: bool = False
-    truncate: bool | None = None  # TEI's default is false; unset here means: truncate as in training
-
-    @field_validator("inputs")
-    @classmethod
-    def check_inputs(cls, value):
-        return _check_texts(value)
+MAX_CLIENT_BATCH_SIZE = 32  # TEI's default: texts in one request
 
 
 def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
@@ -116,8 +88,12 @@ class BodyLimit:
             await too_large(scope, receive, send)
 
 
+class _TooManyTexts(Exception):
+    """A request with more texts than max_client_batch_size (HTTP 413)."""
+
+
 def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, max_queue: int = 4096,
-               max_body_bytes: int = 4 * 2**20) -> FastAPI:
+               max_body_bytes: int = 4 * 2**20, max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE) -> FastAPI:
     metrics = _Metrics()
     score = functools.partial(classifier.logits, max_tokens=SERVE_MAX_TOKENS)
     batcher = Batcher(score, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
@@ -131,16 +107,23 @@ def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, m
 
     app = FastAPI(title="loracls", lifespan=lifespan)
     app.state.batcher, app.state.metrics = batcher, metrics
+    app.state.max_client_batch_size = max_client_batch_size
     _routes(app, classifier, batcher, metrics)
     _error_handlers(app)
 
     @app.middleware("http")
     async def count(request: Request, call_next):
         started = time.perf_counter()
-        response = await call_next(request)
-        route = request.url.path
-        metrics.requests.labels(route, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # a failure of ours or of the model: a 500 in TEI's shape, one log line
+            print(f"loracls serve: 500 on {request.url.path}: {type(exc).__name__}: {first_line(exc, 200)}",
+                  file=sys.stderr)
+            response = error(500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
+        route = request.scope.get("route")  # the route's template: an unknown path makes no new series
+        name = route.path if route is not None else "unmatched"
+        metrics.requests.labels(name, str(response.status_code)).inc()
+        metrics.latency.labels(name).observe(time.perf_counter() - started)
         return response
 
     return BodyLimit(app, max_body_bytes)
@@ -171,23 +154,33 @@ def _classified(classifier, index: int, probs: np.ndarray) -> dict:
     return item
 
 
+def _texts(app: FastAPI, value: str | list[str]) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if len(texts) > app.state.max_client_batch_size:
+        raise _TooManyTexts(f"batch size {len(texts)} > maximum allowed batch size {app.state.max_client_batch_size}")
+    return texts
+
+
 def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     labels = classifier.labels
 
-    @app.post("/classify")
+    @app.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True,
+              responses=ERRORS["classify"])
     async def classify(body: ClassifyRequest):
-        encoded = classifier.encode([body.input] if isinstance(body.input, str) else body.input)
+        if body.model is not None and body.model != classifier.name:
+            return error(404, "NotFound", f"The model `{body.model}` does not exist; this server serves "
+                                          f"`{classifier.name}`")
+        encoded = classifier.encode(_texts(app, body.input))
         probs = classifier.calibrated(await _logits(batcher, encoded, metrics))
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": classifier.name,
                 "data": [_classified(classifier, i, row) for i, row in enumerate(probs)],
                 "usage": _usage(classifier, encoded)}
 
-    @app.post("/predict")
+    @app.post("/predict", response_model=list[LabelScore] | list[list[LabelScore]], responses=ERRORS["predict"])
     async def predict(body: PredictRequest):
         single = isinstance(body.inputs, str)
-        texts = [body.inputs] if single else body.inputs
-        encoded = classifier.encode(texts)
+        encoded = classifier.encode(_texts(app, body.inputs))
         if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
             return error(413, "Validation", f"input {encoded.long.index(True)} is longer than max_length "
                                             f"{classifier.max_length} tokens and truncate is false")
@@ -198,23 +191,26 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
         usage = _usage(classifier, encoded)
         return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(usage["truncated_inputs"])})
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse)
     async def health():
         return {"status": "ok"}
 
-    @app.get("/info")
+    @app.get("/info", response_model=InfoResponse)
     async def info():
         return {"model": classifier.name, "source": classifier.source, "labels": labels,
                 "max_length": classifier.max_length, "input_template": classifier.input_template,
                 "problem": classifier.decision.problem, "temperature": classifier.temperature,
                 "thresholds": classifier.decision.thresholds, "long_text": classifier.long_text,
                 "precision": classifier.precision, "device": str(classifier.runtime.device),
-                "max_batch_size": batcher.max_batch_size, "max_wait_ms": batcher.max_wait * 1000,
-                "max_queue": batcher.max_queue}
+                "max_batch_size": batcher.max_batch_size, "max_client_batch_size": app.state.max_client_batch_size,
+                "max_wait_ms": batcher.max_wait * 1000, "max_queue": batcher.max_queue}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+_HTTP_KINDS = {404: "NotFound", 405: "MethodNotAllowed", 413: "Validation"}
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -224,13 +220,19 @@ def _error_handlers(app: FastAPI) -> None:
         where = ".".join(str(p) for p in problem.get("loc", ()) if p != "body")
         return error(422, "Validation", f"{where}: {problem.get('msg')}" if where else str(problem.get("msg")))
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # unknown routes, wrong methods
+        return error(exc.status_code, _HTTP_KINDS.get(exc.status_code, "Validation"), str(exc.detail),
+                     headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(_TooManyTexts)
+    @app.exception_handler(TooLarge)
+    async def too_large(request: Request, exc: Exception):
+        return error(413, "Validation", str(exc))
+
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
-        return error(503, "Overloaded", f"server busy: {exc}; retry later", headers={"Retry-After": "1"})
-
-    @app.exception_handler(Exception)
-    async def failed(request: Request, exc: Exception):
-        return error(500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
+        return error(429, "Overloaded", f"server busy: {exc}; retry later", headers={"Retry-After": "1"})
 
 
 def listening_socket(host: str, port: int):
@@ -248,13 +250,13 @@ def listening_socket(host: str, port: int):
 
 
 def serve(classifier, host: str, port: int, max_batch_size: int, max_wait_ms: float, max_queue: int,
-          max_body_bytes: int, log=print) -> None:
+          max_body_bytes: int, log=print, max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE) -> None:
     """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
     import signal
 
     import uvicorn
 
-    app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes)
+    app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes, max_client_batch_size)
     sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
     bound = sock.getsockname()[1]
     log(f"serve: {classifier.name} ({', '.join(classifier.labels)}) on {classifier.runtime.device}, "

@@ -1,0 +1,127 @@
+"""The serving contract: typed request and response models for every route, and every status each route
+answers (so `/openapi.json` documents them all). The shapes are vLLM's (`/classify`) and
+text-embeddings-inference's (`/predict`, and its error body `{"error", "error_type"}` with TEI's codes).
+
+| status | error_type        | when                                                                      |
+|--------|-------------------|---------------------------------------------------------------------------|
+| 404    | NotFound          | an unknown route, or `/classify` naming a `model` that is not the served one |
+| 405    | MethodNotAllowed  | a known route with another method                                         |
+| 413    | Validation        | a body over `--max-body-bytes`; more texts than `--max-client-batch-size` or than the queue can ever hold; a text over max_length with `"truncate": false` |
+| 422    | Validation        | a body that is not the route's JSON: no text, an empty text, a wrong type, text that is not valid Unicode |
+| 429    | Overloaded        | the queue is full now (with `Retry-After`): retrying later succeeds      |
+| 500    | Backend           | the model failed on a batch; the server keeps serving                     |
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+__all__ = ["ClassifyRequest", "ClassifyResponse", "ClassifyItem", "Usage", "PredictRequest", "LabelScore",
+           "ErrorResponse", "HealthResponse", "InfoResponse", "ERRORS", "check_texts"]
+
+TextOrTexts = str | list[str]
+
+
+def check_texts(value: TextOrTexts) -> TextOrTexts:
+    """At least one text; none empty; each valid Unicode (a lone surrogate such as "\\ud800" in JSON is not)."""
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise ValueError("no text given")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"text {i} is empty")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text {i} is not valid Unicode (a lone surrogate at character {exc.start})") from None
+    return value
+
+
+class ClassifyRequest(BaseModel):
+    """vLLM's classification request."""
+    model: str | None = Field(None, description="the served model's name (`GET /info`); another name is a 404")
+    input: TextOrTexts = Field(description="one text or a list of texts")
+
+    _texts = field_validator("input")(classmethod(lambda cls, value: check_texts(value)))
+
+
+class PredictRequest(BaseModel):
+    """text-embeddings-inference's /predict request."""
+    inputs: TextOrTexts = Field(description="one text or a list of texts")
+    raw_scores: bool = Field(False, description="logits instead of calibrated probabilities")
+    truncate: bool | None = Field(None, description="false: a text over max_length is a 413; unset or true: "
+                                                    "truncated as in training (TEI's default is false)")
+
+    _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
+
+
+class ClassifyItem(BaseModel):
+    index: int
+    label: str = Field(description="the most probable label")
+    probs: list[float] = Field(description="calibrated probabilities in label order (multi_label: per-label sigmoids)")
+    num_classes: int
+    labels: list[str] | None = Field(None, description="multi_label only: every label at or above its threshold")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: None = None
+    max_length: int
+    long_text: str
+    long_inputs: int = Field(description="texts longer than max_length")
+    truncated_inputs: int = Field(description="texts cut to fit (0 under long_text: chunks)")
+
+
+class ClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassifyItem]
+    usage: Usage
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class ErrorResponse(BaseModel):
+    """Every error's body, in text-embeddings-inference's shape."""
+    error: str
+    error_type: Literal["NotFound", "MethodNotAllowed", "Validation", "Overloaded", "Backend"]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class InfoResponse(BaseModel):
+    model: str
+    source: str
+    labels: list[str]
+    max_length: int
+    input_template: str | None
+    problem: str
+    temperature: float | None
+    thresholds: list[float] | None
+    long_text: str
+    precision: str
+    device: str
+    max_batch_size: int
+    max_client_batch_size: int
+    max_wait_ms: float
+    max_queue: int
+
+
+def _documented(*codes: int) -> dict:
+    described = {404: "unknown route, or another model's name", 413: "too large", 422: "not the route's JSON",
+                 429: "queue full now; retry after Retry-After seconds", 500: "the model failed on this batch"}
+    return {code: {"model": ErrorResponse, "description": described[code]} for code in codes}
+
+
+ERRORS = {"classify": _documented(404, 413, 422, 429, 500), "predict": _documented(413, 422, 429, 500)}
