@@ -1,6 +1,11 @@
 """Bad input: one line on stderr, exit code != 0, nothing written."""
 
+import re
+import shutil
+from pathlib import Path
+
 import pytest
+import yaml
 
 from conftest import synthetic_frame, tiny_overrides
 from loracls.cli import main
@@ -66,16 +71,18 @@ def test_modules_lists_and_matches(gemma3_dir, capsys):
     assert "pattern 'nothing_here' matches 0 module(s)" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--bogus"], "unrecognized arguments: --bogus"),
-    (["serve"], "serve: the following arguments are required: run"),
-    ([], "the following arguments are required: command"),
-    (["predict", "RUN", "--batch-size", "0"], "predict: argument --batch-size: must be >= 1, got 0"),
-    (["serve", "RUN", "--port", "eighty"], "serve: argument --port: invalid int value: 'eighty'"),
-    (["export", "RUN", "--format", "tflite"], "export: argument --format: invalid choice: 'tflite'"),
-    (["nonsense"], "argument command: invalid choice: 'nonsense'"),
-])
-def test_command_line_errors_are_one_line_exit_2(args, message, capsys):
+COMMAND_LINES = yaml.safe_load((Path(__file__).parent / "hostile" / "command_lines.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", COMMAND_LINES, ids=lambda case: " ".join(case["args"])[:40])
+def test_hostile_command_lines_are_one_line_exit_2(case, trained_runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    if "RUN" in " ".join(case["args"]):
+        shutil.copytree(trained_runs["gemma3"], run)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [arg.replace("RUN", str(run)).replace("OUT", str(out)) for arg in case["args"]]
     code, err = run_cli(args, capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith("loracls: ") and message in err[0], err
-    assert "--help" in err[0]
+    assert code == 2 and err and err[-1].startswith("loracls: ") and re.search(case["message"], err[-1]), err
+    assert not any("Traceback" in line for line in err)
+    assert [line for line in err if line.startswith("loracls: ")] == [err[-1]]

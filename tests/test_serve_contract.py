@@ -6,11 +6,13 @@ import asyncio
 import json
 import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -222,3 +224,17 @@ def test_no_request_body_makes_a_500(route, body, surrogate):
     assert response.status_code in (200, 404, 413, 422), (response.status_code, response.text)
     if response.status_code != 200:
         assert set(response.json()) == {"error", "error_type"}
+
+
+HOSTILE_REQUESTS = yaml.safe_load((Path(__file__).parent / "hostile" / "serve_requests.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", HOSTILE_REQUESTS, ids=lambda case: f"{case['path']}-{case['status']}")
+def test_hostile_requests_get_their_status_and_teis_body(case):
+    body = case["raw"].encode("utf-8", "surrogatepass") if "raw" in case else case["json"]
+    if "raw" in case and "not utf-8" in case["raw"]:
+        body = b"\xff\xfe not utf-8"
+    response, after = ask(FakeClassifier(), [("POST", case["path"], body), ("POST", "/classify", {"input": "good"})])
+    assert response.status_code == case["status"], response.text
+    assert set(response.json()) == {"error", "error_type"} and response.json()["error"]
+    assert after.status_code == 200

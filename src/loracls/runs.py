@@ -236,11 +236,11 @@ def new_run_dir(output_dir: str, run_name: str | None) -> Path:
 
 def check_resumable(path: str) -> Path:
     run = Path(path)
+    if (run / METRICS).exists():
+        raise LoraclsError(f"{path} already finished ({METRICS} exists); nothing to resume")
     for name in (CONFIG, LABELS, CHECKPOINT):
         if not (run / name).exists():
             raise LoraclsError(f"cannot resume {path}: {name} missing (a run is resumable after its first validation)")
-    if (run / METRICS).exists():
-        raise LoraclsError(f"{path} already finished ({METRICS} exists); nothing to resume")
     return run
 
 
