@@ -65,7 +65,8 @@ def _plot_curves(log: list[dict], target: Path) -> None:
     for axis in (left, right):
         axis.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(target, dpi=110)
+    with files.writing(target, "a report figure"):
+        fig.savefig(target, dpi=110)
     plt.close(fig)
 
 
@@ -88,7 +89,8 @@ def _plot_confusion(confusion, target: Path) -> None:
             axis.text(j, i, str(value), ha="center", va="center", color="white" if value > peak / 2 else "black")
     fig.colorbar(image, ax=axis, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(target, dpi=110)
+    with files.writing(target, "a report figure"):
+        fig.savefig(target, dpi=110)
     plt.close(fig)
 
 
@@ -109,7 +111,8 @@ def _plot_reliability(calibration, target: Path) -> None:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(target, dpi=110)
+    with files.writing(target, "a report figure"):
+        fig.savefig(target, dpi=110)
     plt.close(fig)
 
 

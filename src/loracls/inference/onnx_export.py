@@ -52,10 +52,10 @@ def _export(model, example: dict, target: Path) -> None:
     try:
         program = torch.onnx.export(_Logits(model).eval(), (), kwargs=example, dynamo=True, dynamic_shapes=shapes,
                                     input_names=["input_ids", "attention_mask"], output_names=["logits"], verbose=False)
-        program.save(str(target), external_data=True)
     except Exception as exc:
         raise LoraclsError(f"the ONNX exporter (torch {torch.__version__}) cannot export this model: "
                            f"{type(exc).__name__}: {first_line(exc, 240)}") from None
+    program.save(str(target), external_data=True)  # a full disk here is said as such by replace_dir
 
 
 def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
