@@ -8,7 +8,8 @@
    peak at the precision trained in, and the ratios.
 
 On a GPU the bench takes `--steps` (default 10) timed steps per recipe; on a CPU 1, so the whole check ends in
-minutes on either (on a CPU the ~1B config runs at the default recipe only: 13 min with it on this 2-core CPU). Assets (the Gemma tokenizer, the Rotten Tomatoes texts) come from `.gpu/` when
+minutes on either (on a CPU the ~1B config runs at the default recipe only: 13 min with it on this 2-core
+CPU). Assets (the Gemma tokenizer, the Rotten Tomatoes texts) come from `.gpu/` when
 benchmarks/prepare_gpu_check.sh made it (for a machine without our dependencies), else from the embedded ones.
 
     python3 benchmarks/gpu_check.py OUT_DIR      # writes OUT_DIR/gpu_check.json (+ doctor.txt, tests.txt, bench.json)
@@ -28,8 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / ".gpu"
 # Gemma 3 1B's shape (the 270M config is read from the tokenizer's model directory)
-GEMMA3_1B = {"hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
-             "num_key_value_heads": 1, "head_dim": 256}
+GEMMA3_1B = {
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+}
 
 
 def run(command: list[str], log: Path, timeout: int) -> tuple[int, float]:
@@ -37,11 +44,15 @@ def run(command: list[str], log: Path, timeout: int) -> tuple[int, float]:
     started = time.perf_counter()
     with open(log, "w") as fh:
         try:
-            process = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     timeout=timeout, cwd=ROOT)
+            process = subprocess.run(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=ROOT
+            )
             code, text = process.returncode, process.stdout
         except subprocess.TimeoutExpired as exc:
-            code, text = 124, (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            code, text = (
+                124,
+                (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or ""),
+            )
         fh.write(text)
     print(text[-4000:], flush=True)
     return code, time.perf_counter() - started
@@ -92,8 +103,23 @@ def random_model(base: Path, target: Path, shape: dict) -> Path:
 
 
 def bench(model: Path, data: str, steps: int, extra: list[str], out: Path, timeout: int) -> dict:
-    command = [sys.executable, "-m", "loracls", "bench", "--steps", str(steps), "--recipes", "loracls,hf_trainer",
-               "--out", str(out), "--set", f"model={model}", "--set", f"data={data}", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "loracls",
+        "bench",
+        "--steps",
+        str(steps),
+        "--recipes",
+        "loracls,hf_trainer",
+        "--out",
+        str(out),
+        "--set",
+        f"model={model}",
+        "--set",
+        f"data={data}",
+        *extra,
+    ]
     code, seconds = run(command, out.with_suffix(".log"), timeout)
     report = json.loads(out.read_text()) if code == 0 and out.is_file() else {"error": f"exit code {code}"}
     return {**report, "seconds": seconds}
@@ -112,18 +138,28 @@ def main() -> int:
     gpu = torch.cuda.is_available()
     steps = args.steps or (10 if gpu else 1)
     work = Path(os.environ.get("LORACLS_GPU_CHECK_WORK", "/tmp/loracls-gpu-check"))
-    result = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": gpu,
-              "device": torch.cuda.get_device_name(0) if gpu else "cpu", "torch": torch.__version__, "steps": steps}
+    result = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": gpu,
+        "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+        "torch": torch.__version__,
+        "steps": steps,
+    }
     code, _ = run([sys.executable, "-m", "loracls", "doctor"], out / "doctor.txt", 300)
     result["doctor_exit"] = code
     if not args.skip_tests:
-        code, seconds = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
-                             "tests/test_gpu.py", "-rs"], out / "tests.txt", 420)
+        code, seconds = run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py", "-rs"],
+            out / "tests.txt",
+            420,
+        )
         summary = (out / "tests.txt").read_text().strip().splitlines()
         result["gpu_tests"] = {"exit": code, "seconds": seconds, "summary": summary[-1] if summary else ""}
     base, data = base_model_dir(work), data_path()
-    models = {"gemma3-270m": random_model(base, work / "gemma3-270m-random", {}),
-              "gemma3-1b": random_model(base, work / "gemma3-1b-random", GEMMA3_1B)}
+    models = {
+        "gemma3-270m": random_model(base, work / "gemma3-270m-random", {}),
+        "gemma3-1b": random_model(base, work / "gemma3-1b-random", GEMMA3_1B),
+    }
     recipes = {"default": [], "batch64": ["--set", "batch_size=64", "--set", "gradient_accumulation=1"]}
     result["bench"] = {}
     for name, model in models.items():
@@ -141,8 +177,10 @@ def main() -> int:
 
 
 def summarize(result: dict) -> str:
-    lines = [f"GPU check on {result['device']} (torch {result['torch']}): doctor exit {result['doctor_exit']}; "
-             f"tests: {result.get('gpu_tests', {}).get('summary', 'skipped')}"]
+    lines = [
+        f"GPU check on {result['device']} (torch {result['torch']}): doctor exit {result['doctor_exit']}; "
+        f"tests: {result.get('gpu_tests', {}).get('summary', 'skipped')}"
+    ]
     for name, report in result["bench"].items():
         if "recipes" not in report:
             lines.append(f"{name}: {report.get('error') or report.get('skipped')}")
@@ -150,8 +188,10 @@ def summarize(result: dict) -> str:
         ours, theirs = report["recipes"]["loracls"], report["recipes"]["hf_trainer"]
         mfu = "-" if ours.get("mfu") is None else f"{100 * ours['mfu']:.1f}%"
         memory = ours.get("gpu_peak_memory_mb", ours["peak_rss_mb"])
-        lines.append(f"{name}: loracls {ours['tokens_per_second']:.0f} vs HF Trainer {theirs['tokens_per_second']:.0f} "
-                     f"train tokens/s = {report['ratios']['loracls_vs_hf_trainer']:.2f}x; MFU {mfu}; peak {memory:.0f} MB")
+        lines.append(
+            f"{name}: loracls {ours['tokens_per_second']:.0f} vs HF Trainer {theirs['tokens_per_second']:.0f} "
+            f"train tokens/s = {report['ratios']['loracls_vs_hf_trainer']:.2f}x; MFU {mfu}; peak {memory:.0f} MB"
+        )
     return "\n".join(lines)
 
 

@@ -38,7 +38,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(command: list[str], url_pattern: str | None, port: int | None, limit: float = 600) -> tuple[subprocess.Popen, str]:
+def start(
+    command: list[str], url_pattern: str | None, port: int | None, limit: float = 600
+) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     deadline = time.time() + limit
     if url_pattern:  # our server prints the port it took
@@ -66,6 +68,7 @@ async def load(url: str, texts: list[str], concurrency: int) -> dict:
     limits = httpx.Limits(max_connections=concurrency)
 
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
         async def one(i: int):
             async with gate:
                 started = time.perf_counter()
@@ -76,13 +79,20 @@ async def load(url: str, texts: list[str], concurrency: int) -> dict:
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(len(texts))))
         seconds = time.perf_counter() - started
-    return {"texts_per_second": len(texts) / seconds, "p50_ms": 1000 * float(np.percentile(latencies, 50)),
-            "p99_ms": 1000 * float(np.percentile(latencies, 99)), "labels": labels}
+    return {
+        "texts_per_second": len(texts) / seconds,
+        "p50_ms": 1000 * float(np.percentile(latencies, 50)),
+        "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+        "labels": labels,
+    }
 
 
 def serving(run: Path, texts: list[str], levels: list[int], precision: str) -> dict:
-    ours, url = start([sys.executable, "-m", "loracls", "serve", str(run), "--port", "0", "--precision", precision],
-                      r"listening on (http://127\.0\.0\.1:\d+)", None)
+    ours, url = start(
+        [sys.executable, "-m", "loracls", "serve", str(run), "--port", "0", "--precision", precision],
+        r"listening on (http://127\.0\.0\.1:\d+)",
+        None,
+    )
     port = free_port()
     naive, naive_url = start([sys.executable, "benchmarks/naive_server.py", str(run / "merged"), str(port)], None, port)
     result = {}
@@ -95,11 +105,15 @@ def serving(run: Path, texts: list[str], levels: list[int], precision: str) -> d
                 "naive": {k: v for k, v in theirs.items() if k != "labels"},
                 "ratio": mine["texts_per_second"] / theirs["texts_per_second"],
                 "labels_identical": mine["labels"] == theirs["labels"],
-                "label_agreement": float(np.mean([a == b for a, b in zip(mine["labels"], theirs["labels"])]))}
-            print(f"serve [{precision}] concurrency {level}: loracls {mine['texts_per_second']:.1f} texts/s "
-                  f"(p50 {mine['p50_ms']:.0f} ms, p99 {mine['p99_ms']:.0f} ms) vs naive {theirs['texts_per_second']:.1f} "
-                  f"(p50 {theirs['p50_ms']:.0f}, p99 {theirs['p99_ms']:.0f}): {result[str(level)]['ratio']:.2f}x, "
-                  f"labels identical: {result[str(level)]['labels_identical']}", flush=True)
+                "label_agreement": float(np.mean([a == b for a, b in zip(mine["labels"], theirs["labels"])])),
+            }
+            print(
+                f"serve [{precision}] concurrency {level}: loracls {mine['texts_per_second']:.1f} texts/s "
+                f"(p50 {mine['p50_ms']:.0f} ms, p99 {mine['p99_ms']:.0f} ms) vs naive {theirs['texts_per_second']:.1f} "
+                f"(p50 {theirs['p50_ms']:.0f}, p99 {theirs['p99_ms']:.0f}): {result[str(level)]['ratio']:.2f}x, "
+                f"labels identical: {result[str(level)]['labels_identical']}",
+                flush=True,
+            )
     finally:
         for process in (ours, naive):
             process.terminate()
@@ -118,17 +132,22 @@ def batch_predict(run: Path, texts: list[str], precision: str) -> dict:
     started = time.perf_counter()
     ours = engine.probabilities(texts).argmax(1)
     ours_seconds = time.perf_counter() - started
-    pipe = pipeline("text-classification", model=str(run / "merged"), trust_remote_code=True, device="cpu",
-                    dtype=torch.float32)
+    pipe = pipeline(
+        "text-classification", model=str(run / "merged"), trust_remote_code=True, device="cpu", dtype=torch.float32
+    )
     pipe(texts[:64], batch_size=32)
     started = time.perf_counter()
     theirs = [r["label"] for r in pipe(texts, batch_size=32)]
     theirs_seconds = time.perf_counter() - started
     ours_labels = [engine.id2label[int(i)] for i in ours]
-    return {"texts": len(texts), "loracls_texts_per_second": len(texts) / ours_seconds,
-            "pipeline_texts_per_second": len(texts) / theirs_seconds,
-            "ratio": theirs_seconds / ours_seconds, "labels_identical": ours_labels == theirs,
-            "label_agreement": float(np.mean([a == b for a, b in zip(ours_labels, theirs)]))}
+    return {
+        "texts": len(texts),
+        "loracls_texts_per_second": len(texts) / ours_seconds,
+        "pipeline_texts_per_second": len(texts) / theirs_seconds,
+        "ratio": theirs_seconds / ours_seconds,
+        "labels_identical": ours_labels == theirs,
+        "label_agreement": float(np.mean([a == b for a, b in zip(ours_labels, theirs)])),
+    }
 
 
 def main() -> int:

@@ -10,8 +10,14 @@ import pandas as pd
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, BertConfig, BertModel, Gemma3TextConfig, Gemma4TextConfig,
-                          PreTrainedTokenizerFast)
+from transformers import (
+    AutoModelForCausalLM,
+    BertConfig,
+    BertModel,
+    Gemma3TextConfig,
+    Gemma4TextConfig,
+    PreTrainedTokenizerFast,
+)
 
 POSITIVE = ["good", "great", "fine", "superb", "lovely", "brilliant", "charming", "moving"]
 NEGATIVE = ["bad", "awful", "dull", "boring", "weak", "clumsy", "tedious", "messy"]
@@ -46,15 +52,30 @@ def make_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
 
 
 def tiny_config(kind: str, vocab_size: int):
-    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
-                  pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     if kind == "gemma3":
         return Gemma3TextConfig(**common, sliding_window=16)
     if kind == "gemma4":
-        return Gemma4TextConfig(**common, sliding_window=16, vocab_size_per_layer_input=vocab_size,
-                                hidden_size_per_layer_input=8, global_head_dim=16,
-                                layer_types=["sliding_attention", "full_attention"])
+        return Gemma4TextConfig(
+            **common,
+            sliding_window=16,
+            vocab_size_per_layer_input=vocab_size,
+            hidden_size_per_layer_input=8,
+            global_head_dim=16,
+            layer_types=["sliding_attention", "full_attention"],
+        )
     raise ValueError(kind)
 
 
@@ -72,8 +93,15 @@ def write_tiny_encoder(directory: Path) -> Path:
     """A tiny randomly initialised BERT (the encoder baseline's mechanics; no download)."""
     torch.manual_seed(0)
     tokenizer = make_tokenizer()
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, max_position_embeddings=128, pad_token_id=0)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
     BertModel(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -108,12 +136,31 @@ def data_csv(tmp_path_factory) -> Path:
 
 def tiny_overrides(model_dir: Path, data: Path, out: Path, **extra) -> list[str]:
     """--set arguments for a fast, learnable run on a tiny model."""
-    values = {"model": str(model_dir), "data": str(data), "train_size": 240, "validation_size": 60, "test_size": 60,
-              "max_length": 32, "batch_size": 8, "gradient_accumulation": 2, "epochs": 10, "learning_rate": 5e-3,
-              "warmup_steps": 5, "eval_every": 10, "log_every": 5, "precision": "fp32", "output_dir": str(out),
-              "run_name": "run", "r": 4, "lora_alpha": 8, "patience": None, "eval_batch_size": 16,
-              "min_steps": None,  # epochs decide: the tests count steps
-              "encoder_model": str(TINY_ENCODER[0]), "encoder_epochs": 2}
+    values = {
+        "model": str(model_dir),
+        "data": str(data),
+        "train_size": 240,
+        "validation_size": 60,
+        "test_size": 60,
+        "max_length": 32,
+        "batch_size": 8,
+        "gradient_accumulation": 2,
+        "epochs": 10,
+        "learning_rate": 5e-3,
+        "warmup_steps": 5,
+        "eval_every": 10,
+        "log_every": 5,
+        "precision": "fp32",
+        "output_dir": str(out),
+        "run_name": "run",
+        "r": 4,
+        "lora_alpha": 8,
+        "patience": None,
+        "eval_batch_size": 16,
+        "min_steps": None,  # epochs decide: the tests count steps
+        "encoder_model": str(TINY_ENCODER[0]),
+        "encoder_epochs": 2,
+    }
     values.update(extra)
     args = []
     for key, value in values.items():

@@ -18,14 +18,17 @@ def one_line_error(args, capsys, code=2) -> str:
     return err[-1]
 
 
-@pytest.mark.parametrize("name, content", [
-    ("header_only.csv", "text,label\n"),
-    ("empty.csv", ""),
-    ("empty.jsonl", ""),
-    ("latin1.csv", "text,label\ncaf\xe9 good,pos\n".encode("latin-1")),
-    ("not_a_table.json", "42"),
-    ("broken.parquet", b"PAR1 this is no parquet"),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("header_only.csv", "text,label\n"),
+        ("empty.csv", ""),
+        ("empty.jsonl", ""),
+        ("latin1.csv", "text,label\ncaf\xe9 good,pos\n".encode("latin-1")),
+        ("not_a_table.json", "42"),
+        ("broken.parquet", b"PAR1 this is no parquet"),
+    ],
+)
 def test_unreadable_training_tables(name, content, tmp_path, gemma3_dir, capsys):
     data = tmp_path / name
     data.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -35,13 +38,16 @@ def test_unreadable_training_tables(name, content, tmp_path, gemma3_dir, capsys)
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("texts.txt", "caf\xe9\n".encode("latin-1"), "not UTF-8 text"),
-    ("texts.csv", "text\ncaf\xe9\n".encode("latin-1"), "not UTF-8 text"),
-    ("texts.csv", b"text\n", "no rows"),
-    ("texts.csv", b"text\nfine\n\"\"\n", "empty text"),
-    ("texts.txt", b"\n  \n", "holds no text"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("texts.txt", "caf\xe9\n".encode("latin-1"), "not UTF-8 text"),
+        ("texts.csv", "text\ncaf\xe9\n".encode("latin-1"), "not UTF-8 text"),
+        ("texts.csv", b"text\n", "no rows"),
+        ("texts.csv", b'text\nfine\n""\n', "empty text"),
+        ("texts.txt", b"\n  \n", "holds no text"),
+    ],
+)
 def test_unreadable_texts_to_predict(name, content, message, tmp_path, trained_runs, capsys):
     texts = tmp_path / name
     texts.write_bytes(content)
@@ -58,10 +64,10 @@ def _copy_run(trained_runs, tmp_path):
 
 
 RUN_FILE_DAMAGE = [
-    ("labels.json", "[\"neg\", \"pos\"]", "labels.json"),
-    ("labels.json", "{\"0\": \"neg\"}", "ids must be"),
-    ("labels.json", "{\"0\": \"neg\", \"1\": \"neg\"}", "distinct"),
-    ("labels.json", "{\"0\": \"neg\", \"1\": 7}", "labels.json: 1"),
+    ("labels.json", '["neg", "pos"]', "labels.json"),
+    ("labels.json", '{"0": "neg"}', "ids must be"),
+    ("labels.json", '{"0": "neg", "1": "neg"}', "distinct"),
+    ("labels.json", '{"0": "neg", "1": 7}', "labels.json: 1"),
     ("labels.json", "not json", "not valid JSON"),
     ("config.yaml", "- a list\n", "must hold a mapping"),
     ("config.yaml", "r: [unclosed\n", "not valid YAML"),
@@ -79,17 +85,23 @@ def test_damaged_run_files_for_evaluate_and_predict(command, name, content, mess
     assert message in one_line_error(args, capsys)
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("metrics.json", lambda m: {k: v for k, v in m.items() if k != "test"}, "metrics.json: test: Field required"),
-    ("metrics.json", lambda m: {**m, "test": {**m["test"], "accuracy": "high"}}, "test.accuracy"),
-    ("metrics.json", lambda m: {**m, "test": {**m["test"], "confusion_matrix": {"labels": ["a"], "matrix": []}}},
-     "confusion matrix must be 1 x 1"),
-    ("metrics.json", lambda m: [m], "top level"),
-    ("metrics.json", "{\"test\": NaN}", "NaN is not valid JSON"),
-    ("env.json", lambda e: {**e, "nested": {"a": 1}}, "env.json: nested"),
-    ("baseline.json", lambda b: {**b, "zero_shot": None}, "baseline.json: zero_shot"),
-    ("train_log.jsonl", "{\"step\": 1, \"loss\": 0.5}\n{broken\n", "train_log.jsonl line 2"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("metrics.json", lambda m: {k: v for k, v in m.items() if k != "test"}, "metrics.json: test: Field required"),
+        ("metrics.json", lambda m: {**m, "test": {**m["test"], "accuracy": "high"}}, "test.accuracy"),
+        (
+            "metrics.json",
+            lambda m: {**m, "test": {**m["test"], "confusion_matrix": {"labels": ["a"], "matrix": []}}},
+            "confusion matrix must be 1 x 1",
+        ),
+        ("metrics.json", lambda m: [m], "top level"),
+        ("metrics.json", '{"test": NaN}', "NaN is not valid JSON"),
+        ("env.json", lambda e: {**e, "nested": {"a": 1}}, "env.json: nested"),
+        ("baseline.json", lambda b: {**b, "zero_shot": None}, "baseline.json: zero_shot"),
+        ("train_log.jsonl", '{"step": 1, "loss": 0.5}\n{broken\n', "train_log.jsonl line 2"),
+    ],
+)
 def test_damaged_run_files_for_report(name, content, message, trained_runs, tmp_path, capsys):
     run = _copy_run(trained_runs, tmp_path)
     path = run / name
@@ -102,7 +114,7 @@ def test_report_tolerates_rows_it_cannot_use(trained_runs, tmp_path, capsys):
     """Valid JSON of the wrong shape in the predictions is skipped, not a crash."""
     run = _copy_run(trained_runs, tmp_path)
     with open(run / "predictions" / "test.jsonl", "a") as fh:
-        fh.write("[1, 2]\n{\"text\": \"x\", \"label\": \"pos\", \"prediction\": \"neg\", \"probabilities\": {}}\n")
+        fh.write('[1, 2]\n{"text": "x", "label": "pos", "prediction": "neg", "probabilities": {}}\n')
     assert main(["report", str(run)]) == 0
 
 
@@ -127,8 +139,9 @@ def test_an_unwritable_output_dir_is_one_line(tmp_path, gemma3_dir, data_csv, ca
 def test_input_template_longer_than_max_length(tmp_path, gemma3_dir, data_csv, capsys):
     template = " ".join(["film"] * 20) + " {text} was"
     out = tmp_path / "runs"
-    line = one_line_error(["train", *tiny_overrides(gemma3_dir, data_csv, out, max_length=16,
-                                                    input_template=template)], capsys)
+    line = one_line_error(
+        ["train", *tiny_overrides(gemma3_dir, data_csv, out, max_length=16, input_template=template)], capsys
+    )
     assert "leaves no room for text" in line and not out.exists()
 
 

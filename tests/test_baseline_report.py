@@ -9,8 +9,8 @@ from conftest import make_tokenizer, synthetic_frame
 from loracls.baselines.zero_shot import ZeroShotScorer, calibrate, prompt_setup
 from loracls.cli import main
 from loracls.config import load_config
-from loracls.hardware import Runtime
 from loracls.errors import LoraclsError
+from loracls.hardware import Runtime
 
 
 def test_calibration_removes_the_prompt_bias():
@@ -50,9 +50,25 @@ def test_prompt_setup_defaults_and_refusals():
 
 
 def test_baseline_command(gemma3_dir, data_csv, tiny_encoder_dir, capsys):
-    args = ["baseline", "--set", f"model={gemma3_dir}", "--set", f"data={data_csv}", "--set", "train_size=100",
-            "--set", "validation_size=20", "--set", "test_size=40", "--set", "precision=fp32",
-            "--set", f"encoder_model={tiny_encoder_dir}", "--set", "encoder_epochs=1"]
+    args = [
+        "baseline",
+        "--set",
+        f"model={gemma3_dir}",
+        "--set",
+        f"data={data_csv}",
+        "--set",
+        "train_size=100",
+        "--set",
+        "validation_size=20",
+        "--set",
+        "test_size=40",
+        "--set",
+        "precision=fp32",
+        "--set",
+        f"encoder_model={tiny_encoder_dir}",
+        "--set",
+        "encoder_epochs=1",
+    ]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["zero_shot"]["examples"] == 40 and result["verbalizers"] == {"neg": "neg", "pos": "pos"}
@@ -65,15 +81,29 @@ def test_report_html_and_pngs(trained_runs, capsys):
     run = trained_runs["gemma3"]
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
-    for text in ("Does the LLM pay for itself?", "zero-shot, calibrated", "TF-IDF", "encoder", "Verdict: ship", "validation accuracy", "Most confident mistakes",
-                 "Environment", "transformers", "curves.png", "confusion.png"):
+    for text in (
+        "Does the LLM pay for itself?",
+        "zero-shot, calibrated",
+        "TF-IDF",
+        "encoder",
+        "Verdict: ship",
+        "validation accuracy",
+        "Most confident mistakes",
+        "Environment",
+        "transformers",
+        "curves.png",
+        "confusion.png",
+    ):
         assert text in page, text
     for name in ("curves.png", "confusion.png"):
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = json.loads((run / "metrics.json").read_text())
     assert f"{metrics['test']['accuracy']:.4f}" in page
     tfidf = json.loads((run / "tfidf.json").read_text())
-    assert f"{tfidf['test']['accuracy']:.4f}" in page and metrics["baseline"]["tfidf_accuracy"] == tfidf["test"]["accuracy"]
+    assert (
+        f"{tfidf['test']['accuracy']:.4f}" in page
+        and metrics["baseline"]["tfidf_accuracy"] == tfidf["test"]["accuracy"]
+    )
 
 
 def test_report_refuses_an_unfinished_run(tmp_path, capsys):
@@ -109,7 +139,9 @@ def test_zero_shot_cost_is_one_pass_per_batch_whatever_the_number_of_labels(gemm
     model.forward = counting
     runtime = Runtime(torch.device("cpu"), torch.float32)
     texts = [f"the film {i} was" for i in range(10)]
-    six = ZeroShotScorer(model, make_tokenizer(), "{text}", ["good", "bad", "ok", "meh", "dull", "fine"], 64, 4, runtime)
+    six = ZeroShotScorer(
+        model, make_tokenizer(), "{text}", ["good", "bad", "ok", "meh", "dull", "fine"], 64, 4, runtime
+    )
     assert six.label_logprobs(texts).shape == (10, 6) and calls["n"] == 3  # ceil(10 / 4) batches
     calls["n"] = 0
     two_tokens = ZeroShotScorer(model, make_tokenizer(), "{text}", ["good", "very good"], 64, 4, runtime)
@@ -123,9 +155,22 @@ def test_tfidf_baseline_learns_and_keeps_every_label(tmp_path):
 
     path = tmp_path / "d.csv"
     synthetic_frame(400).to_csv(path, index=False)
-    config = load_config(None, [f"data={path}", "train_size=200", "validation_size=60", "test_size=60",
-                                "labels=[neg, pos, other]", "balance=false"])
+    config = load_config(
+        None,
+        [
+            f"data={path}",
+            "train_size=200",
+            "validation_size=60",
+            "test_size=60",
+            "labels=[neg, pos, other]",
+            "balance=false",
+        ],
+    )
     record = run_tfidf(load_dataset(config), seed=0, log=lambda *a: None)
     assert record.c in C_GRID and record.features > 0 and record.seconds > 0
     assert record.test.accuracy >= 0.9 and record.validation_accuracy >= 0.9
-    assert record.test.per_class["other"].support == 0 and record.test.confusion_matrix.labels == ["neg", "pos", "other"]
+    assert record.test.per_class["other"].support == 0 and record.test.confusion_matrix.labels == [
+        "neg",
+        "pos",
+        "other",
+    ]

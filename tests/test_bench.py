@@ -30,15 +30,25 @@ def test_gpu_peak_from_the_device_name():
 
 def test_bench_reports_each_recipe_and_the_ratios(gemma3_dir, data_csv, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    args = ["bench", "--steps", "2", "--out", str(out), "--recipes", "loracls,seed,hf_trainer,hf_trainer_eager",
-            *tiny_overrides(gemma3_dir, data_csv, tmp_path, max_length=64, batch_size=4, gradient_accumulation=2)]
+    args = [
+        "bench",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--recipes",
+        "loracls,seed,hf_trainer,hf_trainer_eager",
+        *tiny_overrides(gemma3_dir, data_csv, tmp_path, max_length=64, batch_size=4, gradient_accumulation=2),
+    ]
     assert main(args) == 0
     report = json.loads(out.read_text())
     assert set(report["recipes"]) == {"loracls", "seed", "hf_trainer", "hf_trainer_eager"}
     for name, result in report["recipes"].items():
         assert result["steps"] == 2 and result["tokens_per_second"] > 0 and result["peak_rss_mb"] > 0, name
         assert result["peak_flops"] > 0 and result["mfu"] > 0
-        assert result["mfu"] == pytest.approx(result["tokens_per_second"] * result["flops_per_token"] / result["peak_flops"])
+        assert result["mfu"] == pytest.approx(
+            result["tokens_per_second"] * result["flops_per_token"] / result["peak_flops"]
+        )
         assert result["projected_train_minutes"] > 0
     assert report["recipes"]["seed"]["precision"] == "float32"
     # on CPU our loop trains with eager attention; HF Trainer keeps its default unless given eager by hand
@@ -46,7 +56,9 @@ def test_bench_reports_each_recipe_and_the_ratios(gemma3_dir, data_csv, tmp_path
     assert attention == {"loracls": "eager", "seed": "sdpa", "hf_trainer": "sdpa", "hf_trainer_eager": "eager"}
     ours = report["recipes"]["loracls"]["tokens_per_second"]
     for name in ("seed", "hf_trainer", "hf_trainer_eager"):
-        assert report["ratios"][f"loracls_vs_{name}"] == pytest.approx(ours / report["recipes"][name]["tokens_per_second"])
+        assert report["ratios"][f"loracls_vs_{name}"] == pytest.approx(
+            ours / report["recipes"][name]["tokens_per_second"]
+        )
     assert set(report["ratios"]) == {"loracls_vs_seed", "loracls_vs_hf_trainer", "loracls_vs_hf_trainer_eager"}
     printed = capsys.readouterr().out
     assert "loracls_vs_seed" in printed and "MFU" in printed
@@ -60,9 +72,21 @@ def test_bench_refuses_unknown_recipes(capsys):
 def test_bench_full_runs_both_whole_jobs_and_repeats_rounds(gemma3_dir, data_csv, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LORACLS_BENCH_TMP", str(tmp_path / "trainer"))
     out = tmp_path / "bench.json"
-    args = ["bench", "--steps", "1", "--repeats", "2", "--recipes", "loracls,hf_trainer", "--full", "--out", str(out),
-            *tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=2, eval_every=5, patience=2, merge=False,
-                            baseline=False)]
+    args = [
+        "bench",
+        "--steps",
+        "1",
+        "--repeats",
+        "2",
+        "--recipes",
+        "loracls,hf_trainer",
+        "--full",
+        "--out",
+        str(out),
+        *tiny_overrides(
+            gemma3_dir, data_csv, tmp_path, epochs=2, eval_every=5, patience=2, merge=False, baseline=False
+        ),
+    ]
     assert main(args) == 0
     report = json.loads(out.read_text())
     for result in report["recipes"].values():

@@ -17,15 +17,18 @@ def run_cli(args, capsys):
     return code, err
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing_column", "column 'label' not found"),
-    ("unknown_label", "unknown label"),
-    ("empty_text", "empty text"),
-    ("one_class", "only one class"),
-    ("unknown_key", "unknown key 'lerning_rate'"),
-    ("no_targets", "match no module"),
-    ("missing_model", "model not found"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing_column", "column 'label' not found"),
+        ("unknown_label", "unknown label"),
+        ("empty_text", "empty text"),
+        ("one_class", "only one class"),
+        ("unknown_key", "unknown key 'lerning_rate'"),
+        ("no_targets", "match no module"),
+        ("missing_model", "model not found"),
+    ],
+)
 def test_bad_input_one_line_nonzero_nothing_written(case, message, tmp_path, gemma3_dir, capsys):
     frame = synthetic_frame(400)
     extra = {}

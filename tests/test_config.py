@@ -10,7 +10,12 @@ def test_defaults_are_the_embedded_default_job():
     assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 16.0, 0.05)
     assert config.target_modules == ["q_proj", "v_proj"]
     assert (config.batch_size, config.gradient_accumulation, config.epochs, config.warmup_steps) == (16, 2, 3, 100)
-    assert (config.learning_rate, config.weight_decay, config.max_grad_norm, config.max_length) == (2e-4, 0.01, 1.0, 256)
+    assert (config.learning_rate, config.weight_decay, config.max_grad_norm, config.max_length) == (
+        2e-4,
+        0.01,
+        1.0,
+        256,
+    )
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -33,15 +38,18 @@ def test_unknown_key_names_the_nearest(tmp_path):
         load_config(str(path))
 
 
-@pytest.mark.parametrize("pair, message", [
-    ("r=eight", "r must be int"),
-    ("r=0", "r must be >= 1"),
-    ("lora_dropout=1.5", "lora_dropout"),
-    ("precision=fp8", "precision must be one of"),
-    ("merge=maybe", "merge must be bool"),
-    ("batch_size=2.5", "batch_size must be int"),
-    ("noequals", "key=value"),
-])
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        ("r=eight", "r must be int"),
+        ("r=0", "r must be >= 1"),
+        ("lora_dropout=1.5", "lora_dropout"),
+        ("precision=fp8", "precision must be one of"),
+        ("merge=maybe", "merge must be bool"),
+        ("batch_size=2.5", "batch_size must be int"),
+        ("noequals", "key=value"),
+    ],
+)
 def test_bad_values_are_refused(pair, message):
     with pytest.raises(LoraclsError, match=message):
         load_config(None, [pair])
@@ -57,7 +65,12 @@ def test_bad_config_files(tmp_path):
 
 
 def test_override_values_read_as_yaml_scalars():
-    assert parse_overrides(["a=2.0e-4", "b=null", "c=[x, y]", "d=text"]) == {"a": 2e-4, "b": None, "c": ["x", "y"], "d": "text"}
+    assert parse_overrides(["a=2.0e-4", "b=null", "c=[x, y]", "d=text"]) == {
+        "a": 2e-4,
+        "b": None,
+        "c": ["x", "y"],
+        "d": "text",
+    }
     assert Config().to_dict()["r"] == 8
 
 
@@ -90,24 +103,27 @@ def test_every_float_field_must_be_finite(name, value, tmp_path):
         load_config(str(path))
 
 
-@pytest.mark.parametrize("pair, message", [
-    ("lora_alpha=-16", "lora_alpha must be > 0.0"),
-    ("lora_alpha=0", "lora_alpha must be > 0.0"),
-    ("learning_rate=0", "learning_rate must be > 0.0 and <= 10.0"),
-    ("learning_rate=1e6", "learning_rate must be > 0.0 and <= 10.0"),
-    ("max_length=1", "max_length must be >= 8"),
-    ("warmup_steps=-1", "warmup_steps must be >= 0"),
-    ("seed=-3", "seed must be >= 0"),
-    ("train_size=0", "train_size must be >= 1 or null"),
-    ("patience=0", "patience must be >= 1 or null"),
-])
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        ("lora_alpha=-16", "lora_alpha must be > 0.0"),
+        ("lora_alpha=0", "lora_alpha must be > 0.0"),
+        ("learning_rate=0", "learning_rate must be > 0.0 and <= 10.0"),
+        ("learning_rate=1e6", "learning_rate must be > 0.0 and <= 10.0"),
+        ("max_length=1", "max_length must be >= 8"),
+        ("warmup_steps=-1", "warmup_steps must be >= 0"),
+        ("seed=-3", "seed must be >= 0"),
+        ("train_size=0", "train_size must be >= 1 or null"),
+        ("patience=0", "patience must be >= 1 or null"),
+    ],
+)
 def test_numbers_out_of_range_are_refused(pair, message):
     with pytest.raises(LoraclsError, match=message):
         load_config(None, [pair])
 
 
 def test_every_numeric_field_has_a_range():
-    from loracls.config import FIELDS, NUMBER_RANGES, _TYPES, _base_type
+    from loracls.config import _TYPES, FIELDS, NUMBER_RANGES, _base_type
 
     numeric = {name for name in FIELDS if _base_type(_TYPES[name]) in (int, float)}
     assert numeric == set(NUMBER_RANGES)

@@ -11,17 +11,25 @@ from loracls.errors import LoraclsError
 
 
 def config_for(path, **values):
-    return load_config(None, [f"{k}={v}" for k, v in {"data": path, "train_size": 40, "validation_size": 10,
-                                                         "test_size": 10, **values}.items()])
+    return load_config(
+        None,
+        [
+            f"{k}={v}"
+            for k, v in {"data": path, "train_size": 40, "validation_size": 10, "test_size": 10, **values}.items()
+        ],
+    )
 
 
 @pytest.mark.parametrize("suffix", ["csv", "jsonl", "parquet", "tsv"])
 def test_reads_every_format(tmp_path, suffix):
     frame = synthetic_frame(80)
     path = tmp_path / f"d.{suffix}"
-    {"csv": lambda: frame.to_csv(path, index=False), "tsv": lambda: frame.to_csv(path, sep="\t", index=False),
-     "jsonl": lambda: frame.to_json(path, orient="records", lines=True),
-     "parquet": lambda: frame.to_parquet(path)}[suffix]()
+    {
+        "csv": lambda: frame.to_csv(path, index=False),
+        "tsv": lambda: frame.to_csv(path, sep="\t", index=False),
+        "jsonl": lambda: frame.to_json(path, orient="records", lines=True),
+        "parquet": lambda: frame.to_parquet(path),
+    }[suffix]()
     assert read_table(str(path)).equals(frame)
     dataset = load_dataset(config_for(path))
     assert dataset.id2label == {0: "neg", 1: "pos"}
@@ -45,20 +53,31 @@ def test_label_order_from_config_and_given_splits(tmp_path):
     frame = synthetic_frame(120)
     for name, part in {"train": frame[:80], "val": frame[80:100], "test": frame[100:]}.items():
         part.rename(columns={"text": "review", "label": "sentiment"}).to_csv(tmp_path / f"{name}.csv", index=False)
-    config = load_config(None, [f"data={tmp_path / 'train.csv'}", f"validation_data={tmp_path / 'val.csv'}",
-                                f"test_data={tmp_path / 'test.csv'}", "text_column=review", "label_column=sentiment",
-                                "labels=[pos, neg]"])
+    config = load_config(
+        None,
+        [
+            f"data={tmp_path / 'train.csv'}",
+            f"validation_data={tmp_path / 'val.csv'}",
+            f"test_data={tmp_path / 'test.csv'}",
+            "text_column=review",
+            "label_column=sentiment",
+            "labels=[pos, neg]",
+        ],
+    )
     dataset = load_dataset(config)
     assert dataset.id2label == {0: "pos", 1: "neg"}
     assert (len(dataset.train), len(dataset.validation), len(dataset.test)) == (80, 20, 20)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda f: f.drop(columns=["label"]), "column 'label' not found"),
-    (lambda f: f.assign(text=["" if i == 3 else t for i, t in enumerate(f.text)]), "empty text.*row 3"),
-    (lambda f: f.assign(label="pos"), "only one class"),
-    (lambda f: f.assign(label=[None if i == 5 else l for i, l in enumerate(f.label)]), "missing label"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda f: f.drop(columns=["label"]), "column 'label' not found"),
+        (lambda f: f.assign(text=["" if i == 3 else t for i, t in enumerate(f.text)]), "empty text.*row 3"),
+        (lambda f: f.assign(label="pos"), "only one class"),
+        (lambda f: f.assign(label=[None if i == 5 else y for i, y in enumerate(f.label)]), "missing label"),
+    ],
+)
 def test_bad_data_is_refused_in_one_line(tmp_path, mutate, message):
     path = tmp_path / "d.csv"
     mutate(synthetic_frame(80)).to_csv(path, index=False)
@@ -75,8 +94,9 @@ def test_unknown_labels_are_refused(tmp_path):
         load_dataset(config_for(path, labels="[neg, other]"))
     test = frame[:10].assign(label="surprise")
     test.to_csv(tmp_path / "t.csv", index=False)
-    config = load_config(None, [f"data={path}", f"validation_data={path}", f"test_data={tmp_path / 't.csv'}",
-                                "allow_overlap=true"])
+    config = load_config(
+        None, [f"data={path}", f"validation_data={path}", f"test_data={tmp_path / 't.csv'}", "allow_overlap=true"]
+    )
     with pytest.raises(LoraclsError, match="unknown label.*'surprise'"):
         load_dataset(config)
 
@@ -97,13 +117,16 @@ def test_missing_file_and_too_small_data(tmp_path):
 
 def test_user_data_is_split_stratified_and_the_embedded_data_balanced(tmp_path):
     frame = synthetic_frame(600)
-    frame = pd.concat([frame[frame.label == "neg"][:500 // 6], frame[frame.label == "pos"]], ignore_index=True)
+    frame = pd.concat([frame[frame.label == "neg"][: 500 // 6], frame[frame.label == "pos"]], ignore_index=True)
     path = tmp_path / "imbalanced.csv"
     frame.to_csv(path, index=False)  # 83 neg : 300 pos
     dataset = load_dataset(config_for(path, train_size=200, validation_size=60, test_size=60))
     counts = dataset.class_counts()
-    assert counts == {"train": {"neg": 43, "pos": 157}, "validation": {"neg": 13, "pos": 47},
-                      "test": {"neg": 13, "pos": 47}}
+    assert counts == {
+        "train": {"neg": 43, "pos": 157},
+        "validation": {"neg": 13, "pos": 47},
+        "test": {"neg": 13, "pos": 47},
+    }
     every = dataset.train.texts + dataset.validation.texts + dataset.test.texts
     assert len(set(every)) == len(every) == 320
     rest = load_dataset(config_for(path, train_size="null", validation_size=60, test_size=60))
@@ -122,7 +145,7 @@ def test_length_grouped_batches_cover_everything_and_cut_padding():
     assert batches != length_grouped_batches(lengths, 16, seed=2)
     assert max(lengths[i] for i in batches[0]) == max(lengths)
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    naive = sum(len(lengths[s:s + 16]) * max(lengths[s:s + 16]) for s in range(0, 400, 16))
+    naive = sum(len(lengths[s : s + 16]) * max(lengths[s : s + 16]) for s in range(0, 400, 16))
     assert padded < 0.8 * naive
 
 

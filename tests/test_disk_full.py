@@ -16,16 +16,29 @@ from loracls.cli import main
 from loracls.errors import LoraclsError
 
 
-@pytest.mark.parametrize("raised, expected", [
-    (OSError(errno.ENOSPC, "No space left on device"), "no space left on"),
-    (OSError(errno.EDQUOT, "Disk quota exceeded"), "no space left on"),
-    (RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left "
-                  "on device\" })"), "no space left on"),  # safetensors
-    (RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
-                  "data/0: file write failed"), "no space left on"),  # torch.save
-    (OSError(errno.EROFS, "Read-only file system"), "read-only file system at"),
-    (OSError(errno.EACCES, "Permission denied"), "cannot write the checkpoint"),
-])
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "no space left on"),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), "no space left on"),
+        (
+            RuntimeError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left '
+                'on device" })'
+            ),
+            "no space left on",
+        ),  # safetensors
+        (
+            RuntimeError(
+                "[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                "data/0: file write failed"
+            ),
+            "no space left on",
+        ),  # torch.save
+        (OSError(errno.EROFS, "Read-only file system"), "read-only file system at"),
+        (OSError(errno.EACCES, "Permission denied"), "cannot write the checkpoint"),
+    ],
+)
 def test_writers_failures_become_one_line_naming_the_path(tmp_path, raised, expected):
     target = tmp_path / "run" / "checkpoint.pt"
 
@@ -81,8 +94,7 @@ def _disk_usage(folder: Path, block: int = 4096) -> int:
     return sum(-(-p.stat().st_size // block) * block for p in folder.rglob("*") if p.is_file())
 
 
-def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes(trained_runs, gemma3_dir, data_csv, small_tmpfs,
-                                                              capsys):
+def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes(trained_runs, gemma3_dir, data_csv, small_tmpfs, capsys):
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
     finished = trained_runs["gemma3"]

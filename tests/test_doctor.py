@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from loracls import hardware
-from loracls.diagnostics import doctor
 from loracls.cli import main
-from loracls.config import load_config
 from loracls.compat import FAIL, OK, WARN, check_arch, gfx_version, hsa_override_for
+from loracls.config import load_config
+from loracls.diagnostics import doctor
 from loracls.diagnostics.doctor import check_matmul
-from loracls.hardware import DeviceFacts
 from loracls.errors import LoraclsError
+from loracls.hardware import DeviceFacts
 from loracls.jobs.train import train
 
 
@@ -24,8 +24,10 @@ def test_doctor_on_this_cpu(capsys):
     assert "matches the CPU" in out and "measured matmul fp32" in out
 
 
-@pytest.mark.parametrize("arch, expected", [("gfx1030", "10.3.0"), ("gfx906", "9.0.6"), ("gfx90a", "9.0.10"),
-                                            ("gfx1100", "11.0.0"), ("sm_80", None)])
+@pytest.mark.parametrize(
+    "arch, expected",
+    [("gfx1030", "10.3.0"), ("gfx906", "9.0.6"), ("gfx90a", "9.0.10"), ("gfx1100", "11.0.0"), ("sm_80", None)],
+)
 def test_gfx_versions(arch, expected):
     assert gfx_version(arch) == expected
 

@@ -19,9 +19,18 @@ CPU = Runtime(torch.device("cpu"), torch.float32)
 
 
 def _config(data, encoder_dir, **extra):
-    values = {"data": str(data), "train_size": 240, "validation_size": 60, "test_size": 60, "max_length": 32,
-              "encoder_model": str(encoder_dir), "encoder_epochs": 3, "encoder_learning_rate": 3e-3,
-              "eval_batch_size": 16, "seed": 1}
+    values = {
+        "data": str(data),
+        "train_size": 240,
+        "validation_size": 60,
+        "test_size": 60,
+        "max_length": 32,
+        "encoder_model": str(encoder_dir),
+        "encoder_epochs": 3,
+        "encoder_learning_rate": 3e-3,
+        "eval_batch_size": 16,
+        "seed": 1,
+    }
     return from_dict({**values, **extra})
 
 
@@ -52,8 +61,16 @@ def test_encoder_multi_label_gets_a_sigmoid_head_and_thresholds(tmp_path, tiny_e
     frame["label"] = ["pos|fun" if label == "pos" else "neg" for label in frame["label"]]
     path = tmp_path / "sets.csv"
     frame.to_csv(path, index=False)
-    config = _config(path, tiny_encoder_dir, problem="multi_label", label_separator="|", train_size=180,
-                     validation_size=50, test_size=50, encoder_epochs=8)
+    config = _config(
+        path,
+        tiny_encoder_dir,
+        problem="multi_label",
+        label_separator="|",
+        train_size=180,
+        validation_size=50,
+        test_size=50,
+        encoder_epochs=8,
+    )
     record = run_encoder(load_dataset(config), config, CPU, log=lambda *_: None)
     assert set(record.test.thresholds) == {"fun", "neg", "pos"}
     assert record.test.micro_f1 >= 0.8 and record.test_ece is None
@@ -63,9 +80,21 @@ def test_a_model_that_is_no_encoder_is_one_line_and_writes_nothing(data_csv, gem
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{}")
-    args = ["baseline", "--set", f"data={data_csv}", "--set", "baselines=[encoder]", "--set",
-            f"encoder_model={bad}", "--set", "train_size=100", "--set", "validation_size=20",
-            "--set", "test_size=20"]
+    args = [
+        "baseline",
+        "--set",
+        f"data={data_csv}",
+        "--set",
+        "baselines=[encoder]",
+        "--set",
+        f"encoder_model={bad}",
+        "--set",
+        "train_size=100",
+        "--set",
+        "validation_size=20",
+        "--set",
+        "test_size=20",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("loracls: encoder baseline: cannot load")
@@ -116,7 +145,9 @@ def test_verdict_ships_lora_only_when_it_is_ahead_beyond_the_noise():
     rows = [_row("TF-IDF", 0.70, 5000.0), _row("encoder", 0.85, 200.0), _row("LoRA", 0.89, 20.0)]
     verdict = decide(rows, examples=1200)  # one standard error: about 0.9 points
     assert verdict.ship == "LoRA"
-    assert verdict.reason.startswith("ship LoRA: +4.0 points of accuracy over the encoder") and "10.0x" in verdict.reason
+    assert (
+        verdict.reason.startswith("ship LoRA: +4.0 points of accuracy over the encoder") and "10.0x" in verdict.reason
+    )
     level = decide([_row("encoder", 0.885, 200.0), _row("LoRA", 0.89, 20.0)], examples=1200)
     assert level.ship == "encoder" and "within this test split's noise" in level.reason
     behind = decide([_row("encoder", 0.92, 200.0), _row("LoRA", 0.89, 20.0)], examples=1200)
@@ -127,16 +158,24 @@ def test_verdict_ships_lora_only_when_it_is_ahead_beyond_the_noise():
 
 
 def test_verdict_compares_macro_f1_when_selected_by_it():
-    rows = [LadderRow("encoder", 0.90, 0.60, texts_per_second=100.0), LadderRow("LoRA", 0.88, 0.80, texts_per_second=10.0)]
+    rows = [
+        LadderRow("encoder", 0.90, 0.60, texts_per_second=100.0),
+        LadderRow("LoRA", 0.88, 0.80, texts_per_second=10.0),
+    ]
     assert decide(rows, 1000, "accuracy").ship == "encoder"
     assert decide(rows, 1000, "macro_f1").ship == "LoRA"
 
 
-@pytest.mark.parametrize("names, codes", [
-    (["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"], ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]),
-    (["0", "1"], ["0", "1"]), (["label_0", "label_1"], ["label_0", "label_1"]),
-    (["positive", "negative", "neutral"], []), (["Sports", "World", "Business"], []),
-])
+@pytest.mark.parametrize(
+    "names, codes",
+    [
+        (["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"], ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]),
+        (["0", "1"], ["0", "1"]),
+        (["label_0", "label_1"], ["label_0", "label_1"]),
+        (["positive", "negative", "neutral"], []),
+        (["Sports", "World", "Business"], []),
+    ],
+)
 def test_code_like_label_names_are_found(names, codes):
     config = load_config(None, ["data=x.csv"])
     assert code_labels(config, dict(enumerate(names))) == codes
@@ -152,8 +191,17 @@ def test_code_labels_skip_the_zero_shot_with_one_line(tmp_path, gemma3_dir, caps
     frame["label"] = frame["label"].map({"pos": "1", "neg": "0"})
     path = tmp_path / "codes.csv"
     frame.to_csv(path, index=False)
-    args = tiny_overrides(gemma3_dir, path, tmp_path, epochs=2, baselines=["zero_shot", "tfidf"], merge=False,
-                          train_size=120, validation_size=40, test_size=40)
+    args = tiny_overrides(
+        gemma3_dir,
+        path,
+        tmp_path,
+        epochs=2,
+        baselines=["zero_shot", "tfidf"],
+        merge=False,
+        train_size=120,
+        validation_size=40,
+        test_size=40,
+    )
     assert main(["train", *args]) == 0
     err = capsys.readouterr().err
     assert "zero-shot skipped: the label names 0, 1 are codes" in err
@@ -162,8 +210,18 @@ def test_code_labels_skip_the_zero_shot_with_one_line(tmp_path, gemma3_dir, caps
     assert metrics["baseline"]["skipped"][0]["name"] == "zero_shot"
     assert not (tmp_path / "run" / "baseline.json").exists()
     assert {row["name"] for row in metrics["verdict"]["rows"]} == {"TF-IDF", "LoRA"}
-    with_words = tiny_overrides(gemma3_dir, path, tmp_path, epochs=2, baselines=["zero_shot"], merge=False,
-                                train_size=120, validation_size=40, test_size=40, run_name="words",
-                                verbalizers={"0": "bad", "1": "good"})
+    with_words = tiny_overrides(
+        gemma3_dir,
+        path,
+        tmp_path,
+        epochs=2,
+        baselines=["zero_shot"],
+        merge=False,
+        train_size=120,
+        validation_size=40,
+        test_size=40,
+        run_name="words",
+        verbalizers={"0": "bad", "1": "good"},
+    )
     assert main(["train", *with_words]) == 0
     assert json.loads((tmp_path / "words" / "metrics.json").read_text())["baseline"]["zero_shot_accuracy"] is not None

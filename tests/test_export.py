@@ -35,8 +35,13 @@ def test_onnx_export_matches_pytorch(run_copy, capsys):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     session = onnxruntime.InferenceSession(str(folder / "model.onnx"))
     encoded = tokenizer(["great superb film", "awful dull boring plot"], padding=True, return_tensors="np")
-    logits = session.run(None, {"input_ids": encoded["input_ids"].astype(np.int64),
-                                "attention_mask": encoded["attention_mask"].astype(np.int64)})[0]
+    logits = session.run(
+        None,
+        {
+            "input_ids": encoded["input_ids"].astype(np.int64),
+            "attention_mask": encoded["attention_mask"].astype(np.int64),
+        },
+    )[0]
     assert logits.argmax(1).tolist() == [1, 0]
     # a second export is refused until --force, which replaces the export (never some other folder)
     assert main(["export", str(run_copy), "--format", "onnx"]) == 2

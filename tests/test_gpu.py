@@ -17,8 +17,29 @@ from loracls.cli import main
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible to torch")]
 
-COMPUTE = ("mm", "bmm", "addmm", "matmul", "softmax", "scaled_dot_product", "embedding", "gelu", "tanh", "rsqrt",
-           "mul", "add", "div", "exp", "pow", "mean", "sum", "nll_loss", "_foreach_", "lerp", "sqrt")
+COMPUTE = (
+    "mm",
+    "bmm",
+    "addmm",
+    "matmul",
+    "softmax",
+    "scaled_dot_product",
+    "embedding",
+    "gelu",
+    "tanh",
+    "rsqrt",
+    "mul",
+    "add",
+    "div",
+    "exp",
+    "pow",
+    "mean",
+    "sum",
+    "nll_loss",
+    "_foreach_",
+    "lerp",
+    "sqrt",
+)
 
 
 class CpuComputeRecorder(TorchDispatchMode):
@@ -47,9 +68,21 @@ def _trainer(gemma3_dir, data_csv, tmp_path, precision="auto", **values):
     from loracls.model.lora import apply_lora
     from loracls.training.loop import Trainer
 
-    config = from_dict({"model": str(gemma3_dir), "data": str(data_csv), "train_size": 64, "validation_size": 16,
-                        "test_size": 16, "max_length": 32, "batch_size": 8, "gradient_accumulation": 2,
-                        "warmup_steps": 0, "precision": precision, **values})
+    config = from_dict(
+        {
+            "model": str(gemma3_dir),
+            "data": str(data_csv),
+            "train_size": 64,
+            "validation_size": 16,
+            "test_size": 16,
+            "max_length": 32,
+            "batch_size": 8,
+            "gradient_accumulation": 2,
+            "warmup_steps": 0,
+            "precision": precision,
+            **values,
+        }
+    )
     dataset = load_dataset(config)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
@@ -147,8 +180,18 @@ def test_predict_runs_on_the_gpu(gpu_run, capsys):
 def test_resume_after_kill_on_the_gpu_matches_an_uninterrupted_run(gemma3_dir, data_csv, tmp_path):
     from test_sweep_resume_scale import straight_and_resumed
 
-    straight_and_resumed(gemma3_dir, data_csv, tmp_path, epochs=12, eval_every=15, baseline=False, lora_dropout=0.1,
-                         precision="fp32", deterministic=True, merge=False)
+    straight_and_resumed(
+        gemma3_dir,
+        data_csv,
+        tmp_path,
+        epochs=12,
+        eval_every=15,
+        baseline=False,
+        lora_dropout=0.1,
+        precision="fp32",
+        deterministic=True,
+        merge=False,
+    )
 
 
 def test_qlora_step_or_its_clear_refusal(gemma3_dir, data_csv, tmp_path, capsys):

@@ -34,8 +34,15 @@ def test_zero_and_random_heads(gemma3_dir):
 
 
 def test_a_run_with_a_verbalizer_head_reads_the_prompt(gemma3_dir, data_csv, tmp_path, capsys):
-    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, head_init="verbalizer", epochs=2, baseline=False,
-                          verbalizers={"neg": "bad", "pos": "good"})
+    args = tiny_overrides(
+        gemma3_dir,
+        data_csv,
+        tmp_path,
+        head_init="verbalizer",
+        epochs=2,
+        baseline=False,
+        verbalizers={"neg": "bad", "pos": "good"},
+    )
     assert main(["train", *args]) == 0
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["head_init"] == "verbalizer" and "Answer with one of: bad, good." in config["input_template"]

@@ -24,8 +24,13 @@ def imbalanced_csv(tmp_path):
 
 
 def _config(path, **values):
-    return load_config(None, [f"{k}={v}" for k, v in {"data": path, "train_size": 400, "validation_size": 80,
-                                                         "test_size": 80, **values}.items()])
+    return load_config(
+        None,
+        [
+            f"{k}={v}"
+            for k, v in {"data": path, "train_size": 400, "validation_size": 80, "test_size": 80, **values}.items()
+        ],
+    )
 
 
 def test_class_weight_vectors(imbalanced_csv):
@@ -50,17 +55,35 @@ def test_weighted_loss_is_the_weighted_sum_over_the_group(gemma3_dir, imbalanced
 
     losses = {}
     for weights in ("none", {"neg": 3.0}):
-        config = from_dict({"model": str(gemma3_dir), "data": str(imbalanced_csv), "train_size": 40,
-                            "validation_size": 8, "test_size": 8, "warmup_steps": 0, "class_weights": weights})
+        config = from_dict(
+            {
+                "model": str(gemma3_dir),
+                "data": str(imbalanced_csv),
+                "train_size": 40,
+                "validation_size": 8,
+                "test_size": 8,
+                "warmup_steps": 0,
+                "class_weights": weights,
+            }
+        )
         dataset = load_dataset(config)
         torch.manual_seed(0)
         loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
         torch.nn.init.normal_(loaded.model.score.weight)  # a head that is not uniform yet
         model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
-        trainer = Trainer(model, loaded.tokenizer, dataset, config, Runtime(torch.device("cpu"), torch.float32),
-                          tmp_path, log=lambda *a: None)
+        trainer = Trainer(
+            model,
+            loaded.tokenizer,
+            dataset,
+            config,
+            Runtime(torch.device("cpu"), torch.float32),
+            tmp_path,
+            log=lambda *a: None,
+        )
         labels_all = dataset.train.labels
-        group = [i for i, y in enumerate(labels_all) if y == 0][:6] + [i for i, y in enumerate(labels_all) if y == 1][:10]
+        group = [i for i, y in enumerate(labels_all) if y == 0][:6] + [i for i, y in enumerate(labels_all) if y == 1][
+            :10
+        ]
         with torch.no_grad():
             batch = trainer.train_ids
             from loracls.data.batching import collate
@@ -82,11 +105,14 @@ def test_unknown_class_weight_label_writes_nothing(gemma3_dir, imbalanced_csv, t
     assert "class_weights names unknown label" in capsys.readouterr().err and not out.exists()
 
 
-@pytest.mark.parametrize("select_by, trace, best", [
-    ("accuracy", [(0.8, 0.5, 0.6), (0.8, 0.4, 0.7), (0.7, 0.3, 0.75)], 20),
-    ("macro_f1", [(0.8, 0.5, 0.6), (0.8, 0.4, 0.7), (0.7, 0.3, 0.75)], 30),
-    ("loss", [(0.8, 0.5, 0.6), (0.9, 0.45, 0.7), (0.7, 0.3, 0.75)], 30),
-])
+@pytest.mark.parametrize(
+    "select_by, trace, best",
+    [
+        ("accuracy", [(0.8, 0.5, 0.6), (0.8, 0.4, 0.7), (0.7, 0.3, 0.75)], 20),
+        ("macro_f1", [(0.8, 0.5, 0.6), (0.8, 0.4, 0.7), (0.7, 0.3, 0.75)], 30),
+        ("loss", [(0.8, 0.5, 0.6), (0.9, 0.45, 0.7), (0.7, 0.3, 0.75)], 30),
+    ],
+)
 def test_select_by_chooses_the_best_checkpoint(select_by, trace, best):
     rule = EarlyStopping(patience=3, select_by=select_by)
     for step, (accuracy, loss, macro_f1) in zip((10, 20, 30), trace):
@@ -97,8 +123,19 @@ def test_select_by_chooses_the_best_checkpoint(select_by, trace, best):
 
 
 def test_a_run_selected_by_macro_f1_with_balanced_weights(gemma3_dir, imbalanced_csv, tmp_path):
-    args = tiny_overrides(gemma3_dir, imbalanced_csv, tmp_path, train_size=400, validation_size=80, test_size=80,
-                          epochs=3, baseline=False, merge=False, select_by="macro_f1", class_weights="balanced")
+    args = tiny_overrides(
+        gemma3_dir,
+        imbalanced_csv,
+        tmp_path,
+        train_size=400,
+        validation_size=80,
+        test_size=80,
+        epochs=3,
+        baseline=False,
+        merge=False,
+        select_by="macro_f1",
+        class_weights="balanced",
+    )
     assert main(["train", *args]) == 0
     import json
 

@@ -153,8 +153,9 @@ def test_given_splits_that_share_texts(tmp_path):
     leaky = pd.concat([test[100:200], train[:100]], ignore_index=True)  # half of the test texts seen in training
     with pytest.raises(LoraclsError, match=r"100 of the .* test texts .* are also in the train split.*allow_overlap"):
         load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": leaky}))
-    allowed = load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": leaky},
-                                   allow_overlap="true"))
+    allowed = load_dataset(
+        _config(tmp_path, {"train": train, "validation": validation, "test": leaky}, allow_overlap="true")
+    )
     assert any("are also in the train split" in note for note in allowed.notes)
     clean = load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": test[100:200]}))
     assert not any("also in" in note for note in clean.notes)
@@ -179,8 +180,9 @@ def test_data_notes_reach_the_log_and_metrics_but_not_stdout(gemma3_dir, tmp_pat
 # --- atomic writes with the user's umask ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
-                                                         (0o002, 0o664, 0o775)])
+@pytest.mark.parametrize(
+    "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)]
+)
 def test_files_and_folders_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
     old = os.umask(umask)
     try:
@@ -207,8 +209,15 @@ def test_a_run_directory_follows_the_umask(trained_runs):
     run = trained_runs["gemma3"]
     for path in [run, run / "adapter", run / "merged", run / "predictions"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~umask, path
-    for name in ["config.yaml", "labels.json", "metrics.json", "train_log.jsonl", "predictions/test.jsonl",
-                 "adapter/adapter_model.safetensors", "merged/model.safetensors"]:
+    for name in [
+        "config.yaml",
+        "labels.json",
+        "metrics.json",
+        "train_log.jsonl",
+        "predictions/test.jsonl",
+        "adapter/adapter_model.safetensors",
+        "merged/model.safetensors",
+    ]:
         assert stat.S_IMODE((run / name).stat().st_mode) == 0o666 & ~umask, name
 
 
@@ -257,14 +266,31 @@ def test_fp16_steps_use_a_gradient_scaler(gemma3_dir, data_csv, tmp_path):
     from loracls.model.lora import apply_lora
     from loracls.training.loop import Trainer
 
-    config = from_dict({"model": str(gemma3_dir), "data": str(data_csv), "train_size": 40, "validation_size": 8,
-                        "test_size": 8, "max_length": 32, "batch_size": 4, "gradient_accumulation": 1,
-                        "warmup_steps": 0})
+    config = from_dict(
+        {
+            "model": str(gemma3_dir),
+            "data": str(data_csv),
+            "train_size": 40,
+            "validation_size": 8,
+            "test_size": 8,
+            "max_length": 32,
+            "batch_size": 4,
+            "gradient_accumulation": 1,
+            "warmup_steps": 0,
+        }
+    )
     dataset = load_dataset(config)
     loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
     model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
-    trainer = Trainer(model, loaded.tokenizer, dataset, config, Runtime(torch.device("cpu"), torch.float16), tmp_path,
-                      log=lambda *a: None)
+    trainer = Trainer(
+        model,
+        loaded.tokenizer,
+        dataset,
+        config,
+        Runtime(torch.device("cpu"), torch.float16),
+        tmp_path,
+        log=lambda *a: None,
+    )
     assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 65536.0
     head = model.base_model.model.score.modules_to_save["default"].weight
     before = head.detach().clone()
@@ -310,8 +336,9 @@ def test_a_truncated_or_foreign_cached_gguf_is_assembled_again(tmp_path, monkeyp
 # --- one writer per run directory ---------------------------------------------------------------------
 
 
-def test_a_second_writer_is_refused_naming_the_live_pid_and_a_dead_ones_lock_is_taken_over(trained_runs, tmp_path,
-                                                                                            capsys):
+def test_a_second_writer_is_refused_naming_the_live_pid_and_a_dead_ones_lock_is_taken_over(
+    trained_runs, tmp_path, capsys
+):
     import subprocess
     import sys
 
@@ -321,9 +348,17 @@ def test_a_second_writer_is_refused_naming_the_live_pid_and_a_dead_ones_lock_is_
     shutil.copytree(trained_runs["gemma3"], run)
     (run / "metrics.json").unlink()  # unfinished, as if still training
     (run / "checkpoint.pt").write_bytes(b"not read: the lock is asked for first")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom loracls import runs\n"
-                               "with runs.hold(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)",
-                               str(run)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom loracls import runs\n"
+            "with runs.hold(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         for args in (["train", "--resume", str(run)], ["export", str(run), "--format", "merged"]):
@@ -384,17 +419,20 @@ def _damaged(payload: dict, how: str) -> dict:
     return payload
 
 
-@pytest.mark.parametrize("how, message", [
-    ("loop step is text", "not a valid loracls checkpoint: loop.step"),
-    ("stopping field missing", "not a valid loracls checkpoint: loop.stopping.best_step"),
-    ("trainable is a list", "not a valid loracls checkpoint: trainable"),
-    ("a tensor is a number", "not a valid loracls checkpoint: trainable"),
-    ("a tensor of another shape", "does not fit this model: trainable tensor"),
-    ("a parameter missing", "does not fit this model: best_state tensor"),
-    ("optimizer state of another shape", "does not fit this model: optimizer exp_avg"),
-    ("rng is a dict", "not a valid loracls checkpoint: rng"),
-    ("an unknown key", "not a valid loracls checkpoint: surprise"),
-])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("loop step is text", "not a valid loracls checkpoint: loop.step"),
+        ("stopping field missing", "not a valid loracls checkpoint: loop.stopping.best_step"),
+        ("trainable is a list", "not a valid loracls checkpoint: trainable"),
+        ("a tensor is a number", "not a valid loracls checkpoint: trainable"),
+        ("a tensor of another shape", "does not fit this model: trainable tensor"),
+        ("a parameter missing", "does not fit this model: best_state tensor"),
+        ("optimizer state of another shape", "does not fit this model: optimizer exp_avg"),
+        ("rng is a dict", "not a valid loracls checkpoint: rng"),
+        ("an unknown key", "not a valid loracls checkpoint: surprise"),
+    ],
+)
 def test_a_checkpoint_with_wrong_types_or_shapes_is_one_line(interrupted_run, tmp_path, how, message, capsys):
     run = tmp_path / "run"
     shutil.copytree(interrupted_run, run)

@@ -16,7 +16,8 @@ from loracls.data.batching import TextEncoder, encode
 def _bos_tokenizer():
     tokenizer = make_tokenizer()
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", special_tokens=[("<bos>", tokenizer.convert_tokens_to_ids("<bos>"))])
+        single="<bos> $A", special_tokens=[("<bos>", tokenizer.convert_tokens_to_ids("<bos>"))]
+    )
     return tokenizer
 
 
@@ -77,16 +78,18 @@ def long_runs(tmp_path_factory, gemma3_dir, late_csv):
     runs = {}
     for mode in ("truncate", "chunks"):
         out = tmp_path_factory.mktemp(mode)
-        args = tiny_overrides(gemma3_dir, late_csv, out, max_length=16, long_text=mode, chunk_stride=8,
-                              baseline=False, epochs=6)
+        args = tiny_overrides(
+            gemma3_dir, late_csv, out, max_length=16, long_text=mode, chunk_stride=8, baseline=False, epochs=6
+        )
         assert main(["train", *args]) == 0
         runs[mode] = out / "run"
     return runs
 
 
 def test_chunks_see_what_truncation_cuts_off(long_runs):
-    accuracy = {mode: json.loads((run / "metrics.json").read_text())["test"]["accuracy"]
-                for mode, run in long_runs.items()}
+    accuracy = {
+        mode: json.loads((run / "metrics.json").read_text())["test"]["accuracy"] for mode, run in long_runs.items()
+    }
     assert accuracy["chunks"] >= 0.85 and accuracy["truncate"] <= 0.75, accuracy
     metrics = json.loads((long_runs["chunks"] / "metrics.json").read_text())
     assert metrics["long_texts"] == {"train": 240, "validation": 60, "test": 60}

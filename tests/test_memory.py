@@ -21,8 +21,19 @@ def test_a_step_is_cut_into_passes_under_the_token_cap():
 def test_the_token_cap_leaves_the_trained_weights_unchanged(gemma3_dir, data_csv, tmp_path):
     adapters = []
     for name, cap in (("whole", None), ("cut", 40)):  # 16 texts of 4-12 tokens a step: cut into several passes
-        args = tiny_overrides(gemma3_dir, data_csv, tmp_path, run_name=name, micro_batch_tokens=cap, max_steps=3,
-                              eval_every=3, baseline=False, merge=False, lora_dropout=0.0, threads=1)
+        args = tiny_overrides(
+            gemma3_dir,
+            data_csv,
+            tmp_path,
+            run_name=name,
+            micro_batch_tokens=cap,
+            max_steps=3,
+            eval_every=3,
+            baseline=False,
+            merge=False,
+            lora_dropout=0.0,
+            threads=1,
+        )
         assert main(["train", *args]) == 0
         adapters.append(load_file(tmp_path / name / "adapter" / "adapter_model.safetensors"))
     assert adapters[0].keys() == adapters[1].keys()

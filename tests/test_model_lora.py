@@ -1,12 +1,11 @@
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import make_tokenizer, write_tiny_model
 from loracls.errors import LoraclsError
-from loracls.model.lora import apply_lora, check_targets, match_targets
 from loracls.model.classifier import classifier_class, is_generic, load_classifier
+from loracls.model.lora import apply_lora, check_targets, match_targets
 from loracls.model.tokenizer import fix_special_tokens, load_tokenizer
 
 LABELS = {0: "neg", 1: "pos"}
@@ -85,12 +84,15 @@ def test_lora_matches_and_trains_the_head(gemma3_dir):
     assert "trainable" in messages[-1]
 
 
-@pytest.mark.parametrize("patterns, message", [
-    (["qkv_proj"], "match no module; linear modules here:.*q_proj"),
-    (["embed_tokens"], "only embeddings"),
-    (["score", "q_proj"], "classification head"),
-    (["(unclosed"], "not a valid regex"),
-])
+@pytest.mark.parametrize(
+    "patterns, message",
+    [
+        (["qkv_proj"], "match no module; linear modules here:.*q_proj"),
+        (["embed_tokens"], "only embeddings"),
+        (["score", "q_proj"], "classification head"),
+        (["(unclosed"], "not a valid regex"),
+    ],
+)
 def test_lora_refusals(gemma3_dir, patterns, message):
     model = load_classifier(gemma3_dir, LABELS, log=quiet).model
     with pytest.raises(LoraclsError, match=message):
@@ -99,8 +101,10 @@ def test_lora_refusals(gemma3_dir, patterns, message):
 
 def test_regex_targets(gemma3_dir):
     model = load_classifier(gemma3_dir, LABELS, log=quiet).model
-    assert match_targets(model, [r".*layers\.1\..*(q|k)_proj"]) == ["model.layers.1.self_attn.q_proj",
-                                                                    "model.layers.1.self_attn.k_proj"]
+    assert match_targets(model, [r".*layers\.1\..*(q|k)_proj"]) == [
+        "model.layers.1.self_attn.q_proj",
+        "model.layers.1.self_attn.k_proj",
+    ]
 
 
 def test_frozen_head_is_refused(gemma3_dir, monkeypatch):
@@ -130,8 +134,11 @@ def test_cpu_offload_is_refused():
     check_no_offload(SimpleNamespace(hf_device_map={"": 0}))
     check_no_offload(SimpleNamespace())
     with pytest.raises(LoraclsError, match="offloaded to CPU/disk.*6x slower than gradient accumulation"):
-        check_no_offload(SimpleNamespace(hf_device_map={"model.embed_tokens": 0, "model.layers.0": 0,
-                                                        "model.layers.1": "cpu", "score": "cpu"}))
+        check_no_offload(
+            SimpleNamespace(
+                hf_device_map={"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "score": "cpu"}
+            )
+        )
 
 
 def test_hub_id_that_cannot_be_reached_is_one_line(monkeypatch):

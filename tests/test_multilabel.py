@@ -41,8 +41,14 @@ def sets_jsonl(tmp_path_factory):
 
 
 def _config(path, **values):
-    values = {"data": str(path), "problem": "multi_label", "train_size": 200, "validation_size": 60,
-              "test_size": 60, **values}
+    values = {
+        "data": str(path),
+        "problem": "multi_label",
+        "train_size": 200,
+        "validation_size": 60,
+        "test_size": 60,
+        **values,
+    }
     return load_config(None, [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items()])
 
 
@@ -66,21 +72,27 @@ def test_label_cells_lists_separators_and_json_text(sets_jsonl, tmp_path):
 
 def test_splits_keep_the_proportions_of_label_sets(sets_jsonl):
     dataset = load_dataset(_config(sets_jsonl, train_size=None))
-    share = {name: np.mean([len(s) == 0 for s in getattr(dataset, name).labels])
-             for name in ("train", "validation", "test")}
+    share = {
+        name: np.mean([len(s) == 0 for s in getattr(dataset, name).labels]) for name in ("train", "validation", "test")
+    }
     assert max(share.values()) - min(share.values()) < 0.05
 
 
-@pytest.mark.parametrize("cell, message", [
-    ('["pos", ', "starts like a JSON list but is not one"),
-    ('[["pos"]]', "row 1: a multi_label cell must list label names as strings"),
-    ('["pos", " "]', "blank label name"),
-    ('{"pos": 1}', "row 1: label cell .* is a mapping, not a label set"),
-    ('[1, 2]', "row 1: a multi_label cell must list label names as strings, got int"),
-])
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        ('["pos", ', "starts like a JSON list but is not one"),
+        ('[["pos"]]', "row 1: a multi_label cell must list label names as strings"),
+        ('["pos", " "]', "blank label name"),
+        ('{"pos": 1}', "row 1: label cell .* is a mapping, not a label set"),
+        ("[1, 2]", "row 1: a multi_label cell must list label names as strings, got int"),
+    ],
+)
 def test_bad_label_cells_are_one_line(tmp_path, cell, message):
     path = tmp_path / "bad.csv"
-    pd.DataFrame({"text": ["good film", "bad film", "ok film"], "label": ['["pos"]', cell, '["neg"]']}).to_csv(path, index=False)
+    pd.DataFrame({"text": ["good film", "bad film", "ok film"], "label": ['["pos"]', cell, '["neg"]']}).to_csv(
+        path, index=False
+    )
     with pytest.raises(LoraclsError, match=message):
         load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
 
@@ -96,7 +108,9 @@ def test_jsonl_cells_that_are_not_label_sets_are_refused_with_their_row(tmp_path
 
 def test_case_twins_and_conflicting_sets(tmp_path):
     path = tmp_path / "twins.jsonl"
-    pd.DataFrame({"text": ["a good film", "a bad film"], "label": [["pos"], ["Pos", "neg"]]}).to_json(path, orient="records", lines=True)
+    pd.DataFrame({"text": ["a good film", "a bad film"], "label": [["pos"], ["Pos", "neg"]]}).to_json(
+        path, orient="records", lines=True
+    )
     with pytest.raises(LoraclsError, match="differ only in case"):
         load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
     frame = label_sets_frame(60)
@@ -106,11 +120,14 @@ def test_case_twins_and_conflicting_sets(tmp_path):
     assert any("conflicting labels" in note for note in dataset.notes)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"problem": "single_label", "label_separator": "|"}, "label_separator splits label sets"),
-    ({"balance": True}, "balance: true needs one label a text"),
-    ({"head_init": "verbalizer"}, "head_init: verbalizer reads one label word"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"problem": "single_label", "label_separator": "|"}, "label_separator splits label sets"),
+        ({"balance": True}, "balance: true needs one label a text"),
+        ({"head_init": "verbalizer"}, "head_init: verbalizer reads one label word"),
+    ],
+)
 def test_config_refuses_what_label_sets_cannot_do(sets_jsonl, values, message):
     with pytest.raises(LoraclsError, match=message):
         _config(sets_jsonl, **values)
@@ -128,7 +145,7 @@ def test_bce_loss_is_the_mean_over_examples_and_labels_whatever_the_micro_batche
     torch.manual_seed(0)
     logits, targets = torch.randn(6, 3), torch.from_numpy(multi_hot([[0], [1, 2], [], [0, 1, 2], [2], [1]], 3))
     whole = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
-    parts = sum(training_loss(logits[i:i + 2], targets[i:i + 2], None, True, 6) for i in range(0, 6, 2))
+    parts = sum(training_loss(logits[i : i + 2], targets[i : i + 2], None, True, 6) for i in range(0, 6, 2))
     assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
     weight = torch.tensor([1.0, 2.0, 3.0])
     weighted = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, pos_weight=weight)
@@ -163,8 +180,10 @@ def test_set_metrics_match_sklearn():
 @pytest.fixture(scope="module")
 def multilabel_run(tmp_path_factory, gemma3_dir, sets_jsonl):
     out = tmp_path_factory.mktemp("multilabel_runs")
-    assert main(["train", *tiny_overrides(gemma3_dir, sets_jsonl, out, problem="multi_label", train_size=200,
-                                          epochs=6)]) == 0
+    assert (
+        main(["train", *tiny_overrides(gemma3_dir, sets_jsonl, out, problem="multi_label", train_size=200, epochs=6)])
+        == 0
+    )
     return out / "run"
 
 
@@ -217,9 +236,8 @@ def test_predict_evaluate_and_report_show_label_sets(multilabel_run, tmp_path, c
 
 
 def test_server_returns_label_sets(multilabel_run):
-    from test_serve import Server
-
     from loracls import runs
+    from test_serve import Server
 
     server = Server(multilabel_run / "merged")
     try:
@@ -228,8 +246,9 @@ def test_server_returns_label_sets(multilabel_run):
         assert info["problem"] == "multi_label" and info["thresholds"] == decision.thresholds
         items = server.client.post("/classify", json={"input": ["good great film", "boring"]}).json()["data"]
         for item in items:
-            assert item["labels"] == [name for name, p, cut in zip(info["labels"], item["probs"], decision.thresholds)
-                                      if p >= cut]
+            assert item["labels"] == [
+                name for name, p, cut in zip(info["labels"], item["probs"], decision.thresholds) if p >= cut
+            ]
             assert item["label"] == info["labels"][int(np.argmax(item["probs"]))]
         bad = server.client.post("/classify", json={"input": 3})
         assert bad.status_code == 422 and "error" in bad.json()
@@ -262,8 +281,17 @@ def test_sweep_and_evaluate_on_another_file(gemma3_dir, sets_jsonl, multilabel_r
     assert main(["evaluate", str(multilabel_run), "--data", str(other)]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["examples"] == 30
     out = tmp_path / "sweep"
-    args = tiny_overrides(gemma3_dir, sets_jsonl, out, problem="multi_label", train_size=100, epochs=1, merge=False,
-                          baseline=False, run_name="grid")
+    args = tiny_overrides(
+        gemma3_dir,
+        sets_jsonl,
+        out,
+        problem="multi_label",
+        train_size=100,
+        epochs=1,
+        merge=False,
+        baseline=False,
+        run_name="grid",
+    )
     assert main(["sweep", "--grid", "r=2,4", *args]) == 0
     table = (out / "grid" / "results.md").read_text()
     assert "test_micro_f1" in table and table.count("| r=") == 2

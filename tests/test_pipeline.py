@@ -17,9 +17,18 @@ def read_jsonl(path):
 @pytest.mark.parametrize("kind", ["gemma3", "gemma4"])
 def test_run_directory_layout_and_learning(trained_runs, kind):
     run = trained_runs[kind]
-    for name in ("config.yaml", "env.json", "labels.json", "train_log.jsonl", "metrics.json",
-                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "merged/config.json",
-                 "predictions/test.jsonl", "predictions/validation_step00010.jsonl"):
+    for name in (
+        "config.yaml",
+        "env.json",
+        "labels.json",
+        "train_log.jsonl",
+        "metrics.json",
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+        "merged/config.json",
+        "predictions/test.jsonl",
+        "predictions/validation_step00010.jsonl",
+    ):
         assert (run / name).exists(), name
     env = json.loads((run / "env.json").read_text())
     for key in ("torch", "torch_hip", "torch_cuda", "transformers", "peft", "device_name", "device_arch"):
@@ -85,8 +94,9 @@ def test_reload_evaluate_and_predict(trained_runs, capsys, tmp_path):
 
 
 def test_early_stopping(gemma3_dir, data_csv, tmp_path):
-    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, learning_rate=1e-9, patience=2, eval_every=2,
-                          merge=False, epochs=2)
+    args = tiny_overrides(
+        gemma3_dir, data_csv, tmp_path, learning_rate=1e-9, patience=2, eval_every=2, merge=False, epochs=2
+    )
     assert main(["train", *args]) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     # stopped `patience` validations (every 2 steps) after the best one, well before the planned 30 steps
@@ -109,23 +119,35 @@ def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, c
     assert json.loads(capsys.readouterr().out)["prediction"] == row["prediction"]
 
 
-def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemma3_dir, data_csv, tmp_path, monkeypatch):
+def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(
+    gemma3_dir, data_csv, tmp_path, monkeypatch
+):
     import numpy as np
 
-    from loracls.training import loop as train_stage
     from loracls.config import from_dict
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
-    from loracls.model.lora import apply_lora
     from loracls.model.classifier import load_classifier
+    from loracls.model.lora import apply_lora
+    from loracls.training import loop as train_stage
 
-    config = from_dict({"model": str(gemma3_dir), "data": str(data_csv), "train_size": 40, "validation_size": 4,
-                        "test_size": 4, "patience": 2, "precision": "fp32"})
+    config = from_dict(
+        {
+            "model": str(gemma3_dir),
+            "data": str(data_csv),
+            "train_size": 40,
+            "validation_size": 4,
+            "test_size": 4,
+            "patience": 2,
+            "precision": "fp32",
+        }
+    )
     dataset = load_dataset(config)
     loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
     model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
-    trainer = train_stage.Trainer(model, loaded.tokenizer, dataset, config, setup_runtime("cpu", "fp32", 1), tmp_path,
-                                  log=lambda *a: None)
+    trainer = train_stage.Trainer(
+        model, loaded.tokenizer, dataset, config, setup_runtime("cpu", "fp32", 1), tmp_path, log=lambda *a: None
+    )
     labels = np.asarray(dataset.validation.labels)
 
     def probs_with(correct: int, right: float, wrong: float | None = None):
@@ -136,8 +158,16 @@ def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemm
             out[i, predicted], out[i, 1 - predicted] = confidence, 1 - confidence
         return out
 
-    script = iter([probs_with(3, 0.6), probs_with(3, 0.7), probs_with(3, 0.7), probs_with(2, 0.99, 0.51),
-                   probs_with(2, 0.9), probs_with(2, 0.9)])
+    script = iter(
+        [
+            probs_with(3, 0.6),
+            probs_with(3, 0.7),
+            probs_with(3, 0.7),
+            probs_with(2, 0.99, 0.51),
+            probs_with(2, 0.9),
+            probs_with(2, 0.9),
+        ]
+    )
     monkeypatch.setattr(train_stage, "predict_logits", lambda *a, **k: np.log(next(script)).astype(np.float32))
     steps = []
     for step in (10, 20, 30, 40, 50, 60):

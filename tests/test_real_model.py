@@ -10,9 +10,27 @@ pytestmark = pytest.mark.real_model
 
 
 def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
-    args = ["train", "--set", "train_size=48", "--set", "validation_size=16", "--set", "test_size=16",
-            "--set", "max_steps=4", "--set", "eval_every=2", "--set", "log_every=2", "--set", "warmup_steps=1",
-            "--set", f"output_dir={tmp_path}", "--set", "run_name=real"]
+    args = [
+        "train",
+        "--set",
+        "train_size=48",
+        "--set",
+        "validation_size=16",
+        "--set",
+        "test_size=16",
+        "--set",
+        "max_steps=4",
+        "--set",
+        "eval_every=2",
+        "--set",
+        "log_every=2",
+        "--set",
+        "warmup_steps=1",
+        "--set",
+        f"output_dir={tmp_path}",
+        "--set",
+        "run_name=real",
+    ]
     assert main(args) == 0
     run = tmp_path / "real"
     metrics = json.loads((run / "metrics.json").read_text())

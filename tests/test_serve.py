@@ -22,8 +22,12 @@ LIMIT = 600  # seconds: only against a hang
 
 class Server:
     def __init__(self, run, *options):
-        self.process = subprocess.Popen([sys.executable, "-m", "loracls", "serve", str(run), "--port", "0", *options],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "loracls", "serve", str(run), "--port", "0", *options],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines = []
         deadline = time.time() + LIMIT
         while time.time() < deadline:
@@ -74,7 +78,9 @@ def test_classify_in_vllm_shape_equals_predict(server, trained_runs, capsys):
     predicted = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for served, local in zip(body["data"], predicted):
         assert served["num_classes"] == 2 and served["label"] == local["prediction"]
-        assert served["probs"] == pytest.approx([local["probabilities"]["neg"], local["probabilities"]["pos"]], abs=1e-5)
+        assert served["probs"] == pytest.approx(
+            [local["probabilities"]["neg"], local["probabilities"]["pos"]], abs=1e-5
+        )
     single = server.client.post("/classify", json={"input": texts[0]}).json()
     assert len(single["data"]) == 1 and single["data"][0]["probs"] == pytest.approx(body["data"][0]["probs"], abs=1e-5)
 
@@ -102,20 +108,23 @@ def test_long_texts_are_truncated_as_in_training_and_said(server):
     assert refused.status_code == 413 and "truncate is false" in refused.json()["error"]
 
 
-@pytest.mark.parametrize("route, payload, status", [
-    ("/classify", {"input": ""}, 422),
-    ("/classify", {"input": ["fine", "   "]}, 422),
-    ("/classify", {"input": []}, 422),
-    ("/classify", {"input": 42}, 422),
-    ("/classify", {"input": ["fine", None]}, 422),
-    ("/classify", {"text": "fine"}, 422),
-    ("/predict", {"inputs": [""]}, 422),
-    ("/predict", {"inputs": "fine", "raw_scores": "maybe"}, 422),
-    ("/classify", "not json at all", 422),
-    ("/classify", {"input": "x" * 30000}, 413),
-    ("/classify", {"input": ["film"] * 33}, 413),  # more than --max-client-batch-size (TEI's default 32)
-    ("/classify", {"model": "another", "input": "film"}, 404),
-])
+@pytest.mark.parametrize(
+    "route, payload, status",
+    [
+        ("/classify", {"input": ""}, 422),
+        ("/classify", {"input": ["fine", "   "]}, 422),
+        ("/classify", {"input": []}, 422),
+        ("/classify", {"input": 42}, 422),
+        ("/classify", {"input": ["fine", None]}, 422),
+        ("/classify", {"text": "fine"}, 422),
+        ("/predict", {"inputs": [""]}, 422),
+        ("/predict", {"inputs": "fine", "raw_scores": "maybe"}, 422),
+        ("/classify", "not json at all", 422),
+        ("/classify", {"input": "x" * 30000}, 413),
+        ("/classify", {"input": ["film"] * 33}, 413),  # more than --max-client-batch-size (TEI's default 32)
+        ("/classify", {"model": "another", "input": "film"}, 404),
+    ],
+)
 def test_bad_requests_get_json_errors_and_the_server_keeps_serving(server, route, payload, status):
     if isinstance(payload, str):
         response = server.client.post(route, content=payload, headers={"content-type": "application/json"})
@@ -148,8 +157,9 @@ def test_sigterm_answers_every_request_in_flight_and_exits_zero(trained_runs):
 
     async def send_all():
         async with httpx.AsyncClient(base_url=server.url, timeout=LIMIT) as client:
-            return await asyncio.gather(*(client.post("/classify", json={"input": t}) for t in texts),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(client.post("/classify", json={"input": t}) for t in texts), return_exceptions=True
+            )
 
     result = {}
     sender = threading.Thread(target=lambda: result.update(responses=asyncio.run(send_all())))

@@ -28,8 +28,9 @@ class FakeClassifier:
         self.labels = ["neg", "pos"] if not multi_label else ["joy", "fear", "anger"]
         self.max_length, self.long_text, self.precision = max_length, long_text, "float32"
         self.multi_label = multi_label
-        self.decision = SimpleNamespace(problem="multi_label" if multi_label else "single_label",
-                                        thresholds=[0.5] * 3 if multi_label else None)
+        self.decision = SimpleNamespace(
+            problem="multi_label" if multi_label else "single_label", thresholds=[0.5] * 3 if multi_label else None
+        )
         self.temperature = None if multi_label else 1.0
         self.runtime = SimpleNamespace(device="cpu")
         self.batches, self.gate = [], gate
@@ -38,12 +39,13 @@ class FakeClassifier:
         words = [text.split() for text in texts]
         long = [len(w) > self.max_length for w in words]
         if self.long_text != "chunks":
-            return Encoded([[hash(x) % 97 for x in w[:self.max_length]] + [1] for w in words], list(range(len(texts))),
-                           long)
+            return Encoded(
+                [[hash(x) % 97 for x in w[: self.max_length]] + [1] for w in words], list(range(len(texts))), long
+            )
         ids, owner = [], []
         for i, w in enumerate(words):
             for start in range(0, max(len(w), 1), self.max_length):
-                ids.append([2 if x == "good" else 3 for x in w[start:start + self.max_length]] or [3])
+                ids.append([2 if x == "good" else 3 for x in w[start : start + self.max_length]] or [3])
                 owner.append(i)
         return Encoded(ids, owner, long)
 
@@ -78,13 +80,15 @@ async def serving(classifier, **options):
 
 def ask(classifier, requests, **options):
     """Send (method, path, json-or-bytes) requests one after another; the responses."""
+
     async def scenario():
         async with serving(classifier, **options) as client:
             out = []
             for method, path, body in requests:
                 if isinstance(body, bytes):
-                    out.append(await client.request(method, path, content=body,
-                                                    headers={"content-type": "application/json"}))
+                    out.append(
+                        await client.request(method, path, content=body, headers={"content-type": "application/json"})
+                    )
                 else:
                     out.append(await client.request(method, path, json=body))
             return out
@@ -99,9 +103,14 @@ def is_error(response, status, kind):
 
 def test_classify_and_predict_shapes():
     fake = FakeClassifier()
-    classify, predict, one = ask(fake, [("POST", "/classify", {"model": "fake", "input": ["good film", "bad"]}),
-                                        ("POST", "/predict", {"inputs": ["good film"]}),
-                                        ("POST", "/predict", {"inputs": "bad film", "raw_scores": True})])
+    classify, predict, one = ask(
+        fake,
+        [
+            ("POST", "/classify", {"model": "fake", "input": ["good film", "bad"]}),
+            ("POST", "/predict", {"inputs": ["good film"]}),
+            ("POST", "/predict", {"inputs": "bad film", "raw_scores": True}),
+        ],
+    )
     body = classify.json()
     assert classify.status_code == 200 and body["object"] == "list" and body["model"] == "fake"
     assert [item["label"] for item in body["data"]] == ["pos", "neg"] and "labels" not in body["data"][0]
@@ -110,24 +119,33 @@ def test_classify_and_predict_shapes():
     assert one.json()[0]["score"] == 0.0 and predict.headers["X-Truncated-Inputs"] == "0"
 
 
-@pytest.mark.parametrize("method, path, body, status, kind", [
-    ("POST", "/classify", {"model": "other", "input": "good"}, 404, "NotFound"),
-    ("GET", "/nowhere", None, 404, "NotFound"),
-    ("GET", "/classify", None, 405, "MethodNotAllowed"),
-    ("POST", "/classify", b"{not json", 422, "Validation"),
-    ("POST", "/classify", b'{"input": "\\ud800 lone"}', 422, "Validation"),
-    ("POST", "/predict", b'{"inputs": ["ok", "\\udfff"]}', 422, "Validation"),
-    ("POST", "/classify", {"input": []}, 422, "Validation"),
-    ("POST", "/classify", {"input": ["good"] * 33}, 413, "Validation"),
-    ("POST", "/predict", {"inputs": "one two three four five six seven eight nine", "truncate": False}, 413,
-     "Validation"),
-    ("POST", "/classify", {"input": "FAIL"}, 500, "Backend"),
-])
+@pytest.mark.parametrize(
+    "method, path, body, status, kind",
+    [
+        ("POST", "/classify", {"model": "other", "input": "good"}, 404, "NotFound"),
+        ("GET", "/nowhere", None, 404, "NotFound"),
+        ("GET", "/classify", None, 405, "MethodNotAllowed"),
+        ("POST", "/classify", b"{not json", 422, "Validation"),
+        ("POST", "/classify", b'{"input": "\\ud800 lone"}', 422, "Validation"),
+        ("POST", "/predict", b'{"inputs": ["ok", "\\udfff"]}', 422, "Validation"),
+        ("POST", "/classify", {"input": []}, 422, "Validation"),
+        ("POST", "/classify", {"input": ["good"] * 33}, 413, "Validation"),
+        (
+            "POST",
+            "/predict",
+            {"inputs": "one two three four five six seven eight nine", "truncate": False},
+            413,
+            "Validation",
+        ),
+        ("POST", "/classify", {"input": "FAIL"}, 500, "Backend"),
+    ],
+)
 def test_every_error_is_teis_body_with_its_status_and_the_server_keeps_serving(method, path, body, status, kind):
     fake = FakeClassifier()
     if body == {"input": "FAIL"}:
-        fake.encode = lambda texts, encode=fake.encode: Encoded([[-1]], [0], [False]) if texts == ["FAIL"] \
-            else encode(texts)
+        fake.encode = lambda texts, encode=fake.encode: (
+            Encoded([[-1]], [0], [False]) if texts == ["FAIL"] else encode(texts)
+        )
     response, after = ask(fake, [(method, path, body), ("POST", "/classify", {"input": "good film"})])
     assert is_error(response, status, kind), (response.status_code, response.text)
     assert after.status_code == 200
@@ -136,8 +154,9 @@ def test_every_error_is_teis_body_with_its_status_and_the_server_keeps_serving(m
 
 
 def test_more_texts_than_the_queue_can_ever_hold_is_413_not_a_retry_loop():
-    response, = ask(FakeClassifier(), [("POST", "/classify", {"input": ["good"] * 10})], max_queue=8,
-                    max_client_batch_size=64)
+    (response,) = ask(
+        FakeClassifier(), [("POST", "/classify", {"input": ["good"] * 10})], max_queue=8, max_client_batch_size=64
+    )
     assert is_error(response, 413, "Validation") and "queue holds at most 8" in response.json()["error"]
 
 
@@ -165,12 +184,12 @@ def test_a_full_queue_is_429_with_retry_after_and_retrying_succeeds():
 
 def test_a_lone_request_is_flushed_at_the_deadline_not_held_for_a_full_batch():
     fake = FakeClassifier()
-    response, = ask(fake, [("POST", "/classify", {"input": ["good", "bad"]})], max_batch_size=64, max_wait_ms=20)
+    (response,) = ask(fake, [("POST", "/classify", {"input": ["good", "bad"]})], max_batch_size=64, max_wait_ms=20)
     assert response.status_code == 200 and fake.batches == [2]
 
 
 def test_multi_label_items_hold_the_label_set():
-    response, = ask(FakeClassifier(multi_label=True), [("POST", "/classify", {"input": ["good film", "bad"]})])
+    (response,) = ask(FakeClassifier(multi_label=True), [("POST", "/classify", {"input": ["good film", "bad"]})])
     items = response.json()["data"]
     assert items[0]["labels"] == ["joy", "anger"] and items[1]["labels"] == ["joy", "fear", "anger"]  # all at 0.5
     assert len(items[0]["probs"]) == 3 and items[0]["num_classes"] == 3
@@ -178,7 +197,7 @@ def test_multi_label_items_hold_the_label_set():
 
 def test_chunks_average_the_windows_of_a_long_text():
     fake = FakeClassifier(long_text="chunks", max_length=2)
-    response, = ask(fake, [("POST", "/classify", {"input": "good good bad bad"})])
+    (response,) = ask(fake, [("POST", "/classify", {"input": "good good bad bad"})])
     body = response.json()
     assert body["usage"]["long_inputs"] == 1 and body["usage"]["truncated_inputs"] == 0
     assert fake.batches == [2]  # two windows, one text
@@ -187,7 +206,7 @@ def test_chunks_average_the_windows_of_a_long_text():
 
 
 def test_openapi_documents_every_route_field_and_status():
-    spec, = ask(FakeClassifier(), [("GET", "/openapi.json", None)])
+    (spec,) = ask(FakeClassifier(), [("GET", "/openapi.json", None)])
     paths = spec.json()["paths"]
     assert {"/classify", "/predict", "/health", "/info", "/metrics"} <= set(paths)
     assert set(paths["/classify"]["post"]["responses"]) == {"200", "404", "413", "422", "429", "500"}
@@ -202,15 +221,21 @@ def test_prometheus_labels_are_route_templates_not_raw_paths():
     assert 'route="unmatched",status="404"} 3.0' in metrics.text and "/random/" not in metrics.text
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 BODIES = st.one_of(
     JSON,
-    st.fixed_dictionaries({"input": st.one_of(st.text(), st.lists(st.text(), max_size=40), JSON)},
-                          optional={"model": st.one_of(st.none(), st.text(max_size=8), JSON)}),
-    st.fixed_dictionaries({"inputs": st.one_of(st.text(), st.lists(st.text(), max_size=40), JSON)},
-                          optional={"raw_scores": JSON, "truncate": JSON}),
+    st.fixed_dictionaries(
+        {"input": st.one_of(st.text(), st.lists(st.text(), max_size=40), JSON)},
+        optional={"model": st.one_of(st.none(), st.text(max_size=8), JSON)},
+    ),
+    st.fixed_dictionaries(
+        {"inputs": st.one_of(st.text(), st.lists(st.text(), max_size=40), JSON)},
+        optional={"raw_scores": JSON, "truncate": JSON},
+    ),
 )
 
 
@@ -220,7 +245,7 @@ def test_no_request_body_makes_a_500(route, body, surrogate):
     raw = json.dumps(body)
     if surrogate:  # JSON may escape a lone surrogate, which is no valid Unicode text
         raw = raw.replace('"', '"\\ud83d', 1) if '"' in raw else raw
-    response, = ask(FakeClassifier(), [("POST", route, raw.encode())], max_client_batch_size=32)
+    (response,) = ask(FakeClassifier(), [("POST", route, raw.encode())], max_client_batch_size=32)
     assert response.status_code in (200, 404, 413, 422), (response.status_code, response.text)
     if response.status_code != 200:
         assert set(response.json()) == {"error", "error_type"}

@@ -3,8 +3,8 @@ frozen weights kept in the compute dtype give the same autocast outputs bit for 
 
 import torch
 
-from loracls.model.lora import CheapRandomDropout, apply_lora
 from loracls.model.classifier import load_classifier
+from loracls.model.lora import CheapRandomDropout, apply_lora
 from loracls.training.speedups import pick_attention, store_frozen_linears_in
 
 LABELS = {0: "neg", 1: "pos"}
@@ -37,10 +37,15 @@ def test_cheap_dropout_follows_the_seed():
 
 def test_lora_dropout_is_swapped_only_when_asked(gemma3_dir):
     ours, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet)
-    plain, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet,
-                          cheap_dropout=False)
-    kinds = lambda m: {type(d).__name__ for mod in m.modules() if hasattr(mod, "lora_dropout")  # noqa: E731
-                       for d in mod.lora_dropout.values()}
+    plain, _ = apply_lora(
+        load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet, cheap_dropout=False
+    )
+    kinds = lambda m: {
+        type(d).__name__
+        for mod in m.modules()
+        if hasattr(mod, "lora_dropout")  # noqa: E731
+        for d in mod.lora_dropout.values()
+    }
     assert kinds(ours) == {"CheapRandomDropout"} and kinds(plain) == {"Dropout"}
 
 
@@ -76,8 +81,9 @@ def test_cpu_training_uses_eager_attention_with_the_same_outputs_and_gradients(g
 
     eager_calls = []
     eager = modeling_gemma3.eager_attention_forward
-    monkeypatch.setattr(modeling_gemma3, "eager_attention_forward",
-                        lambda *a, **k: eager_calls.append(1) or eager(*a, **k))
+    monkeypatch.setattr(
+        modeling_gemma3, "eager_attention_forward", lambda *a, **k: eager_calls.append(1) or eager(*a, **k)
+    )
     model = _model_with_live_adapters(gemma3_dir)
     batch = torch.tensor([[2, 5, 6, 7, 0, 0], [2, 7, 8, 9, 10, 11]])  # a padded row: the mask matters
     mask = (batch != 0).long()

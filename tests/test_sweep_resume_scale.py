@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from conftest import tiny_overrides
 from loracls.cli import main
-from loracls.errors import LoraclsError
 from loracls.diagnostics.sweep import parse_grid, split_alternatives
+from loracls.errors import LoraclsError
 
 
 def test_grid_parsing():
@@ -23,13 +23,19 @@ def test_grid_parsing():
     assert grid == {"r": [8, 16, 32], "target_modules": [["q_proj", "v_proj"], ["o_proj"]], "train_size": [1200, 5000]}
     with pytest.raises(LoraclsError, match="did you mean 'r'"):
         parse_grid(["rr=8"])
-    assert parse_grid(["input_template=Review: {text} Label:,{text} =>"]) == \
-        {"input_template": ["Review: {text} Label:", "{text} =>"]}
+    assert parse_grid(["input_template=Review: {text} Label:,{text} =>"]) == {
+        "input_template": ["Review: {text} Label:", "{text} =>"]
+    }
 
 
 def test_sweep_table(gemma3_dir, data_csv, tmp_path, capsys):
-    args = ["sweep", "--grid", "r=2,4", "target_modules=[q_proj,v_proj],[o_proj]",
-            *tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=2, baseline=False, merge=False, run_name="grid")]
+    args = [
+        "sweep",
+        "--grid",
+        "r=2,4",
+        "target_modules=[q_proj,v_proj],[o_proj]",
+        *tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=2, baseline=False, merge=False, run_name="grid"),
+    ]
     assert main(args) == 0
     sweep = tmp_path / "grid"
     rows = (sweep / "results.csv").read_text().splitlines()
@@ -73,14 +79,20 @@ def straight_and_resumed(gemma3_dir, data_csv, tmp_path, **common):
     straight = tmp_path / "straight"
     assert main(["train", *tiny_overrides(gemma3_dir, data_csv, straight, **common)]) == 0
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_train_cmd(tiny_overrides(gemma3_dir, data_csv, killed, **common)),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _train_cmd(tiny_overrides(gemma3_dir, data_csv, killed, **common)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for_two_validations(killed / "run", process)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "run" / "metrics.json").exists()
-    leftovers = [killed / "run" / ".checkpoint.pt.k2j4h5g6", killed / "run" / ".adapter.x9_y8z7w",
-                 killed / "run" / "predictions" / ".test.jsonl.abcd1234"]  # what a kill mid-write leaves
+    leftovers = [
+        killed / "run" / ".checkpoint.pt.k2j4h5g6",
+        killed / "run" / ".adapter.x9_y8z7w",
+        killed / "run" / "predictions" / ".test.jsonl.abcd1234",
+    ]  # what a kill mid-write leaves
     leftovers[0].write_bytes(b"half a checkpoint")
     leftovers[1].mkdir()
     leftovers[2].write_text("half")
@@ -102,7 +114,9 @@ def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tm
     assert main(["train", "--resume", str(killed)]) == 2  # finished: nothing to resume
 
 
-def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(gemma3_dir, data_csv, tmp_path, monkeypatch, capsys):
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(
+    gemma3_dir, data_csv, tmp_path, monkeypatch, capsys
+):
     import loracls.decision as train_module  # where the training loss is computed
 
     real = train_module.F.cross_entropy
@@ -147,22 +161,49 @@ def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv,
 
 def _torchrun(args):
     """2 processes on a free port (torchrun's --standalone rendezvous picks one: no fixed port to collide on)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "loracls", "train", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "loracls",
+        "train",
+        *args,
+    ]
 
 
 def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, data_csv, tmp_path):
-    common = dict(epochs=12, eval_every=15, baseline=False, lora_dropout=0.1, threads=1, merge=False,
-                  batch_size=4, data_parallel="fsdp")
+    common = dict(
+        epochs=12,
+        eval_every=15,
+        baseline=False,
+        lora_dropout=0.1,
+        threads=1,
+        merge=False,
+        batch_size=4,
+        data_parallel="fsdp",
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight = tmp_path / "straight"
-    done = subprocess.run(_torchrun(tiny_overrides(gemma3_dir, data_csv, straight, **common)), env=env,
-                          capture_output=True, text=True, timeout=PROCESS_LIMIT)
+    done = subprocess.run(
+        _torchrun(tiny_overrides(gemma3_dir, data_csv, straight, **common)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_LIMIT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_torchrun(tiny_overrides(gemma3_dir, data_csv, killed, **common)), env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _torchrun(tiny_overrides(gemma3_dir, data_csv, killed, **common)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for_two_validations(killed / "run", process)
     import psutil
 
@@ -174,8 +215,9 @@ def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, da
     psutil.wait_procs(job, timeout=10)
     assert not (killed / "run" / "metrics.json").exists()
 
-    resumed = subprocess.run(_torchrun(["--resume", str(killed / "run")]), env=env, capture_output=True,
-                             text=True, timeout=PROCESS_LIMIT)
+    resumed = subprocess.run(
+        _torchrun(["--resume", str(killed / "run")]), env=env, capture_output=True, text=True, timeout=PROCESS_LIMIT
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume: from step" in resumed.stdout + resumed.stderr
     a = json.loads((straight / "run" / "metrics.json").read_text())

@@ -13,7 +13,9 @@ from loracls.jobs.tune import DEFAULT_SPACE, parse_space
 
 def _config_file(path, gemma3_dir, data, out):
     args = tiny_overrides(gemma3_dir, data, out, epochs=1, train_size=120, validation_size=40, test_size=40)
-    values = {args[i + 1].split("=", 1)[0]: yaml.safe_load(args[i + 1].split("=", 1)[1]) for i in range(0, len(args), 2)}
+    values = {
+        args[i + 1].split("=", 1)[0]: yaml.safe_load(args[i + 1].split("=", 1)[1]) for i in range(0, len(args), 2)
+    }
     values.pop("run_name")
     path.write_text(yaml.safe_dump(values))
     return path
@@ -22,10 +24,16 @@ def _config_file(path, gemma3_dir, data, out):
 def test_tune_searches_two_data_sets_on_validation_and_continues(tmp_path, gemma3_dir, data_csv, capsys):
     other = tmp_path / "three.csv"
     synthetic_frame(300, seed=5, classes={"a": ["good", "great"], "b": ["bad", "awful"], "c": ["ok", "meh"]}).to_csv(
-        other, index=False)
+        other, index=False
+    )
     first = _config_file(tmp_path / "two.yaml", gemma3_dir, data_csv, tmp_path / "out")
     second = _config_file(tmp_path / "three.yaml", gemma3_dir, other, tmp_path / "out")
-    space = ["--space", "learning_rate=log:1e-3:1e-2", "r=2,4", "target_modules=[q_proj,v_proj],[q_proj,k_proj,v_proj,o_proj]"]
+    space = [
+        "--space",
+        "learning_rate=log:1e-3:1e-2",
+        "r=2,4",
+        "target_modules=[q_proj,v_proj],[q_proj,k_proj,v_proj,o_proj]",
+    ]
     assert main(["tune", str(first), str(second), "--trials", "2", *space, "--set", "run_name=study"]) == 0
     study = tmp_path / "out" / "study"
     rows = list(csv.DictReader((study / "results.csv").open()))
@@ -43,8 +51,20 @@ def test_tune_searches_two_data_sets_on_validation_and_continues(tmp_path, gemma
     assert set(best) == {"learning_rate", "r", "target_modules"} and isinstance(best["target_modules"], list)
     best_row = max(rows, key=lambda r: float(r["mean_validation"]))
     assert best["r"] == int(best_row["r"])
-    assert main(["train", str(first), "--set", f"output_dir={tmp_path / 'again'}", "--set", "run_name=best",
-                 *[arg for key, value in best.items() for arg in ("--set", f"{key}={value}")]]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(first),
+                "--set",
+                f"output_dir={tmp_path / 'again'}",
+                "--set",
+                "run_name=best",
+                *[arg for key, value in best.items() for arg in ("--set", f"{key}={value}")],
+            ]
+        )
+        == 0
+    )
     # a second call continues the same study up to the new total
     assert main(["tune", str(first), str(second), "--trials", "3", *space, "--set", "run_name=study"]) == 0
     assert len(list(csv.DictReader((study / "results.csv").open()))) == 3
@@ -56,8 +76,12 @@ def test_space_parsing_and_refusals(tmp_path, gemma3_dir, data_csv, capsys):
     assert set(dims) == set(DEFAULT_SPACE) and dims["learning_rate"].kind == "log"
     assert dims["target_modules"].choices[0] == ["q_proj", "v_proj"] and len(dims["target_modules"].choices) == 3
     assert dims["epochs"].kind == "int"
-    for bad, message in (("learnin_rate=1,2", "did you mean 'learning_rate'"), ("r=log:0:4", "LOW > 0"),
-                         ("r=int:5:2", "LOW < HIGH"), ("r", "key=spec")):
+    for bad, message in (
+        ("learnin_rate=1,2", "did you mean 'learning_rate'"),
+        ("r=log:0:4", "LOW > 0"),
+        ("r=int:5:2", "LOW < HIGH"),
+        ("r", "key=spec"),
+    ):
         with pytest.raises(LoraclsError, match=message):
             parse_space([bad])
     config = _config_file(tmp_path / "c.yaml", gemma3_dir, data_csv, tmp_path / "out")

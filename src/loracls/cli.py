@@ -71,8 +71,17 @@ def cmd_serve(args) -> None:
     from loracls.inference.server import serve
 
     classifier = Classifier(args.run, log, args.max_batch_size, args.device, args.precision)
-    serve(classifier, args.host, args.port, args.max_batch_size, args.max_wait_ms, args.max_queue,
-          args.max_body_bytes, log, args.max_client_batch_size)
+    serve(
+        classifier,
+        args.host,
+        args.port,
+        args.max_batch_size,
+        args.max_wait_ms,
+        args.max_queue,
+        args.max_body_bytes,
+        log,
+        args.max_client_batch_size,
+    )
 
 
 def cmd_export(args) -> None:
@@ -240,12 +249,20 @@ def _job_commands(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("tune", help="Optuna search over training settings on one or more data sets, judged on "
-                                    "validation only (mean over the data sets)")
+    p = sub.add_parser(
+        "tune",
+        help="Optuna search over training settings on one or more data sets, judged on "
+        "validation only (mean over the data sets)",
+    )
     p.add_argument("configs", nargs="*", help="YAML configs, one per data set (none: the embedded default job)")
     p.add_argument("--trials", type=int, default=20, help="trials in all (a rerun continues the study)")
-    p.add_argument("--space", nargs="+", metavar="KEY=SPEC", help="log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
-                   "V1,V2,...; default: learning_rate, r, lora_alpha, target_modules, epochs, head_init")
+    p.add_argument(
+        "--space",
+        nargs="+",
+        metavar="KEY=SPEC",
+        help="log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
+        "V1,V2,...; default: learning_rate, r, lora_alpha, target_modules, epochs, head_init",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every config")
     p.set_defaults(func=cmd_tune)
 
@@ -253,13 +270,19 @@ def _job_commands(sub) -> None:
     p.add_argument("config", nargs="?")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps per recipe (after one warm-up step)")
-    p.add_argument("--recipes", default="loracls,seed,hf_trainer", help="comma-separated: loracls, seed, hf_trainer, hf_trainer_eager")
+    p.add_argument(
+        "--recipes",
+        default="loracls,seed,hf_trainer",
+        help="comma-separated: loracls, seed, hf_trainer, hf_trainer_eager",
+    )
     p.add_argument("--repeats", type=int, default=1, help="alternating rounds; each recipe's fastest is kept")
-    p.add_argument("--full", action="store_true",
-                   help="also run whole jobs: ours, and HF Trainer's when hf_trainer is among the recipes")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="also run whole jobs: ours, and HF Trainer's when hf_trainer is among the recipes",
+    )
     p.add_argument("--out", help="write the report as JSON here")
     p.set_defaults(func=cmd_bench)
-
 
 
 def _run_commands(sub) -> None:
@@ -291,8 +314,12 @@ def _run_commands(sub) -> None:
     p.add_argument("--max-batch-size", type=_positive, default=64, help="texts per forward pass")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first text waits for others")
     p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 429 + Retry-After")
-    p.add_argument("--max-client-batch-size", type=_positive, default=32,
-                   help="texts in one request at most (TEI's name and default); more get 413")
+    p.add_argument(
+        "--max-client-batch-size",
+        type=_positive,
+        default=32,
+        help="texts in one request at most (TEI's name and default); more get 413",
+    )
     p.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20, help="larger request bodies get 413")
     _inference_options(p)
     p.set_defaults(func=cmd_serve)
@@ -302,8 +329,11 @@ def _run_commands(sub) -> None:
     p.add_argument("--format", choices=["onnx", "merged"], required=True)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="merged weights (bf16: half the size)")
     p.add_argument("--out", help="onnx: the folder to write (default RUN/onnx)")
-    p.add_argument("--force", action="store_true", help="onnx: replace an existing export (written whole, then "
-                                                        "swapped in: a failed export keeps the old one)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="onnx: replace an existing export (written whole, then swapped in: a failed export keeps the old one)",
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("modules", help="list a model's LoRA-able modules and what patterns match")
@@ -334,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a defect of ours: still one line; LORACLS_DEBUG=1 shows the traceback
         if os.environ.get("LORACLS_DEBUG"):
             raise
-        print(f"loracls: internal error ({type(exc).__name__}: {first_line(exc, 200)}); "
-              f"rerun with LORACLS_DEBUG=1 for the traceback", file=sys.stderr)
+        print(
+            f"loracls: internal error ({type(exc).__name__}: {first_line(exc, 200)}); "
+            f"rerun with LORACLS_DEBUG=1 for the traceback",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
     return code or 0
 

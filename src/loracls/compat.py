@@ -52,10 +52,17 @@ def check_arch(facts: DeviceFacts) -> Check:
             return Check("gpu arch", OK, f"{arch} is in this torch build ({built})")
         override = hsa_override_for(arch, facts.arch_list)
         if facts.hsa_override:
-            return Check("gpu arch", WARN, f"{arch} is not in this torch build ({built}); running with "
-                                           f"HSA_OVERRIDE_GFX_VERSION={facts.hsa_override}")
-        advice = (f"export HSA_OVERRIDE_GFX_VERSION={override} to run this build's kernels for its sibling"
-                  if override else "install a ROCm torch build that lists it (no sibling arch to override to)")
+            return Check(
+                "gpu arch",
+                WARN,
+                f"{arch} is not in this torch build ({built}); running with "
+                f"HSA_OVERRIDE_GFX_VERSION={facts.hsa_override}",
+            )
+        advice = (
+            f"export HSA_OVERRIDE_GFX_VERSION={override} to run this build's kernels for its sibling"
+            if override
+            else "install a ROCm torch build that lists it (no sibling arch to override to)"
+        )
         return Check("gpu arch", FAIL, f"{arch} is not in this torch build ({built}): kernels will fail; {advice}")
     device = _sm(arch)
     if arch in facts.arch_list:
@@ -65,9 +72,14 @@ def check_arch(facts: DeviceFacts) -> Check:
         if device and other and other[0] == device[0] and other[1] <= device[1] and built_arch.startswith("sm_"):
             return Check("gpu arch", OK, f"{arch} runs the {built_arch} kernels of this torch build")
         if device and other and built_arch.startswith("compute_") and other <= device:
-            return Check("gpu arch", WARN, f"{arch} has no prebuilt kernels; PTX {built_arch} will be JIT-compiled (slow start)")
-    return Check("gpu arch", FAIL, f"{arch} is not supported by this torch build ({built}); "
-                                   f"install a torch built for it (a newer CUDA wheel)")
+            return Check(
+                "gpu arch", WARN, f"{arch} has no prebuilt kernels; PTX {built_arch} will be JIT-compiled (slow start)"
+            )
+    return Check(
+        "gpu arch",
+        FAIL,
+        f"{arch} is not supported by this torch build ({built}); install a torch built for it (a newer CUDA wheel)",
+    )
 
 
 # --- bitsandbytes (8-bit optimizers, QLoRA) ---------------------------------------------------------
@@ -95,9 +107,15 @@ def check_bitsandbytes(facts: DeviceFacts) -> Check:
     problem = bitsandbytes_problem(facts.backend)
     version = bitsandbytes_version()
     if problem:
-        return Check("bitsandbytes", WARN, f"{'bitsandbytes ' + version if version else 'not installed'}: "
-                                           f"8-bit optimizers and QLoRA are refused ({problem})")
-    return Check("bitsandbytes", OK, f"bitsandbytes {version}: optimizer adamw_8bit and quantization 4bit/8bit available")
+        return Check(
+            "bitsandbytes",
+            WARN,
+            f"{'bitsandbytes ' + version if version else 'not installed'}: "
+            f"8-bit optimizers and QLoRA are refused ({problem})",
+        )
+    return Check(
+        "bitsandbytes", OK, f"bitsandbytes {version}: optimizer adamw_8bit and quantization 4bit/8bit available"
+    )
 
 
 def require_bitsandbytes(feature: str, backend: str) -> None:

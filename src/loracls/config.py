@@ -102,16 +102,22 @@ class Config:
     optimizer: str = "adamw"  # adamw | adamw_8bit
     quantization: str = "none"  # none | 4bit | 8bit (QLoRA)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         for name, (low, high, low_open) in NUMBER_RANGES.items():
             _check_range(name, getattr(self, name), low, high, low_open)
-        choices = {"precision": ("auto", "fp32", "bf16", "fp16"),
-                   "scheduler": ("cosine", "linear", "constant"),
-                   "optimizer": ("adamw", "adamw_8bit"), "quantization": ("none", "4bit", "8bit"),
-                   "data_parallel": ("ddp", "fsdp"), "merge_dtype": ("fp32", "bf16"),
-                   "select_by": ("accuracy", "macro_f1", "loss"),
-                   "long_text": ("truncate", "head_tail", "chunks"), "chunk_training": ("all", "first"),
-                   "head_init": ("zero", "verbalizer", "random"), "problem": ("single_label", "multi_label")}
+        choices = {
+            "precision": ("auto", "fp32", "bf16", "fp16"),
+            "scheduler": ("cosine", "linear", "constant"),
+            "optimizer": ("adamw", "adamw_8bit"),
+            "quantization": ("none", "4bit", "8bit"),
+            "data_parallel": ("ddp", "fsdp"),
+            "merge_dtype": ("fp32", "bf16"),
+            "select_by": ("accuracy", "macro_f1", "loss"),
+            "long_text": ("truncate", "head_tail", "chunks"),
+            "chunk_training": ("all", "first"),
+            "head_init": ("zero", "verbalizer", "random"),
+            "problem": ("single_label", "multi_label"),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -120,8 +126,10 @@ class Config:
         check_template("input_template", self.input_template, ("text",))
         check_template("prompt_template", self.prompt_template, ("text", "choices"))
         if self.chunk_stride is not None and self.chunk_stride > self.max_length:
-            raise LoraclsError(f"config: chunk_stride {self.chunk_stride} > max_length {self.max_length}: the tokens "
-                               f"between two windows would never be read; use a stride <= max_length")
+            raise LoraclsError(
+                f"config: chunk_stride {self.chunk_stride} > max_length {self.max_length}: the tokens "
+                f"between two windows would never be read; use a stride <= max_length"
+            )
         empty = [name for name, word in (self.verbalizers or {}).items() if not word.strip()]
         if empty:
             raise LoraclsError(f"config: verbalizers must map each label to a word; empty for {', '.join(empty)}")
@@ -153,11 +161,15 @@ class Config:
         if self.label_separator == "":
             raise LoraclsError("config: label_separator must not be empty")
         if self.balance:
-            raise LoraclsError("config: balance: true needs one label a text; multi_label splits keep the data's "
-                               "proportions of label sets")
+            raise LoraclsError(
+                "config: balance: true needs one label a text; multi_label splits keep the data's "
+                "proportions of label sets"
+            )
         if self.head_init == "verbalizer":
-            raise LoraclsError("config: head_init: verbalizer reads one label word after a prompt; with "
-                               "problem: multi_label use zero or random")
+            raise LoraclsError(
+                "config: head_init: verbalizer reads one label word after a prompt; with "
+                "problem: multi_label use zero or random"
+            )
 
     @property
     def multi_label(self) -> bool:
@@ -175,18 +187,34 @@ class Config:
 
 # name -> (lowest, highest, lowest excluded); every number must also be finite. None: no bound.
 NUMBER_RANGES = {
-    "max_length": (8, None, False), "r": (1, None, False), "batch_size": (1, None, False),
-    "gradient_accumulation": (1, None, False), "epochs": (1, None, False), "log_every": (1, None, False),
-    "eval_every": (1, None, False), "eval_batch_size": (1, None, False), "validation_size": (1, None, False),
-    "test_size": (1, None, False), "train_size": (1, None, False), "max_steps": (1, None, False),
-    "min_steps": (1, None, False), "encoder_epochs": (1, None, False), "encoder_batch_size": (1, None, False),
+    "max_length": (8, None, False),
+    "r": (1, None, False),
+    "batch_size": (1, None, False),
+    "gradient_accumulation": (1, None, False),
+    "epochs": (1, None, False),
+    "log_every": (1, None, False),
+    "eval_every": (1, None, False),
+    "eval_batch_size": (1, None, False),
+    "validation_size": (1, None, False),
+    "test_size": (1, None, False),
+    "train_size": (1, None, False),
+    "max_steps": (1, None, False),
+    "min_steps": (1, None, False),
+    "encoder_epochs": (1, None, False),
+    "encoder_batch_size": (1, None, False),
     "encoder_learning_rate": (0.0, 10.0, True),
-    "threads": (1, None, False), "micro_batch_size": (1, None, False), "micro_batch_tokens": (8, None, False),
+    "threads": (1, None, False),
+    "micro_batch_size": (1, None, False),
+    "micro_batch_tokens": (8, None, False),
     "patience": (1, None, False),
     "chunk_stride": (1, None, False),
-    "warmup_steps": (0, None, False), "seed": (0, 2**32 - 1, False),
-    "learning_rate": (0.0, 10.0, True), "lora_alpha": (0.0, None, True), "lora_dropout": (0.0, 0.999, False),
-    "weight_decay": (0.0, None, False), "max_grad_norm": (0.0, None, False),
+    "warmup_steps": (0, None, False),
+    "seed": (0, 2**32 - 1, False),
+    "learning_rate": (0.0, 10.0, True),
+    "lora_alpha": (0.0, None, True),
+    "lora_dropout": (0.0, 0.999, False),
+    "weight_decay": (0.0, None, False),
+    "max_grad_norm": (0.0, None, False),
 }
 SAFE_NAME = re.compile(r"[^/\\\x00]+")
 
@@ -213,15 +241,17 @@ def check_template(name: str, template: str | None, allowed: tuple[str, ...]) ->
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise LoraclsError(f"config: {name} is not a valid template ({exc}); write {{{{ and }}}} for a literal "
-                           f"brace") from None
+        raise LoraclsError(
+            f"config: {name} is not a valid template ({exc}); write {{{{ and }}}} for a literal brace"
+        ) from None
     for _, field_name, spec, conversion in parsed:
         if field_name is None:
             continue
         if field_name not in allowed or spec or conversion:
             shown = "{" + field_name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
-            raise LoraclsError(f"config: {name} may hold only {fields}, got {shown}; write {{{{ and }}}} for a "
-                               f"literal brace")
+            raise LoraclsError(
+                f"config: {name} may hold only {fields}, got {shown}; write {{{{ and }}}} for a literal brace"
+            )
     if not any(field_name == "text" for _, field_name, _, _ in parsed):
         raise LoraclsError(f"config: {name} must contain {{text}}")
 
@@ -229,8 +259,10 @@ def check_template(name: str, template: str | None, allowed: tuple[str, ...]) ->
 def check_run_name(name: str) -> str:
     """A run name is one folder inside output_dir: no path separators, not '.' or '..'."""
     if not SAFE_NAME.fullmatch(name) or name in (".", "..") or name != name.strip():
-        raise LoraclsError(f"config: run_name {name!r} must be a plain folder name (no '/', '\\', '..' or "
-                           f"surrounding spaces): it is made inside output_dir")
+        raise LoraclsError(
+            f"config: run_name {name!r} must be a plain folder name (no '/', '\\', '..' or "
+            f"surrounding spaces): it is made inside output_dir"
+        )
     return name
 
 
@@ -305,8 +337,11 @@ def _scalar(key: str, base, value):
 
 
 def _name(hint) -> str:
-    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else \
-        {dict: "a mapping", list: "a list"}.get(typing.get_origin(hint), str(hint))
+    return (
+        getattr(hint, "__name__", None)
+        if typing.get_origin(hint) is None
+        else {dict: "a mapping", list: "a list"}.get(typing.get_origin(hint), str(hint))
+    )
 
 
 def parse_value(key: str, raw: str):
@@ -355,4 +390,3 @@ def read_mapping(path: Path, what: str) -> dict:
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
     config = from_dict(read_mapping(Path(path), "config file") if path is not None else {})
     return from_dict(parse_overrides(overrides or []), base=config)
-

@@ -74,8 +74,9 @@ class Decision:
         return id2label[int(chosen)]
 
 
-def training_loss(logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, multi_label: bool,
-                  denominator: int) -> torch.Tensor:
+def training_loss(
+    logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, multi_label: bool, denominator: int
+) -> torch.Tensor:
     """The loss of one micro-batch as its share of a step's mean over `denominator` examples: cross-entropy
     (targets: label ids; weight: per class) or binary cross-entropy averaged over labels (targets: multi-hot;
     weight: pos_weight per label)."""

@@ -11,9 +11,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from loracls.errors import LoraclsError
 
@@ -51,8 +51,10 @@ def _disk_refusal(exc: BaseException, path: Path, what: str | None) -> LoraclsEr
     text = str(exc).lower()
     writing_what = f"{what} ({path})" if what else str(path)
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(hint in text for hint in _FULL_HINTS):
-        return LoraclsError(f"no space left on {_mount_point(path.parent)} while writing {writing_what}; free "
-                            f"some space and run again (an interrupted train continues with --resume)")
+        return LoraclsError(
+            f"no space left on {_mount_point(path.parent)} while writing {writing_what}; free "
+            f"some space and run again (an interrupted train continues with --resume)"
+        )
     if code == errno.EROFS or any(hint in text for hint in _READ_ONLY_HINTS):
         return LoraclsError(f"read-only file system at {_mount_point(path.parent)} while writing {writing_what}")
     if isinstance(exc, OSError) and code is not None:
@@ -96,8 +98,9 @@ def json_line(data, indent: int | None = None) -> str:
     try:
         return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=indent)
     except ValueError:
-        raise LoraclsError(f"refusing to write a non-finite number (NaN or Infinity) into JSON: "
-                           f"{_first_non_finite(data)}") from None
+        raise LoraclsError(
+            f"refusing to write a non-finite number (NaN or Infinity) into JSON: {_first_non_finite(data)}"
+        ) from None
 
 
 def _first_non_finite(data, where: str = "") -> str:
@@ -184,8 +187,9 @@ def read_text(path: Path, what: str = "file") -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise LoraclsError(f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                           f"save it as UTF-8") from None
+        raise LoraclsError(
+            f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
 
 
 def _refuse_constant(name: str):
@@ -237,8 +241,9 @@ def exclusive(lock_path: Path, wait: bool = False, what: str = "this folder") ->
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise Busy(f"{what} is in use by another loracls process (PID {holder}); wait for it to end or stop "
-                       f"it first") from None
+            raise Busy(
+                f"{what} is in use by another loracls process (PID {holder}); wait for it to end or stop it first"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -17,10 +17,31 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # Dense bf16 tensor FLOP/s of known GPUs (vendor figures, no sparsity), matched against the device name;
 # the first matching key wins, so longer names come first. Unknown GPUs get no MFU figure.
 GPU_BF16_PEAK_TFLOPS = {
-    "H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0,
-    "A100": 312.0, "A800": 312.0, "A10G": 70.0, "A10": 125.0, "A40": 150.0, "A6000": 155.0, "L40S": 362.0,
-    "L40": 181.0, "L4": 121.0, "RTX 4090": 165.0, "RTX 3090": 71.0, "T4": 65.0, "V100": 125.0,
-    "MI300X": 1307.0, "MI300A": 981.0, "MI250X": 383.0, "MI250": 362.0, "MI210": 181.0, "MI100": 92.0,
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "A40": 150.0,
+    "A6000": 155.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "RTX 4090": 165.0,
+    "RTX 3090": 71.0,
+    "T4": 65.0,
+    "V100": 125.0,
+    "MI300X": 1307.0,
+    "MI300A": 981.0,
+    "MI250X": 383.0,
+    "MI250": 362.0,
+    "MI210": 181.0,
+    "MI100": 92.0,
 }
 
 
@@ -200,8 +221,12 @@ def device_description(device: torch.device) -> dict:
     if device.type == "cuda":
         facts = gather_facts(device.index or 0)
         return {"device_name": facts.device_name, "device_arch": facts.device_arch, "device_memory_gb": facts.memory_gb}
-    return {"device_name": cpu_model_name(), "device_arch": platform.machine(),
-            "cpu_count": os.cpu_count(), "cpu_native_bf16": cpu_has_native_bf16()}
+    return {
+        "device_name": cpu_model_name(),
+        "device_arch": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpu_native_bf16": cpu_has_native_bf16(),
+    }
 
 
 def environment_record(runtime: Runtime | None = None) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Union
+from typing import Annotated
 
 import numpy as np
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
@@ -44,19 +44,26 @@ def classification_metrics(labels: list[int], probs: np.ndarray, id2label: dict[
     ids = sorted(id2label)
     predictions = probs.argmax(axis=1)
     precision, recall, f1, support = precision_recall_fscore_support(labels, predictions, labels=ids, zero_division=0)
-    per_class = {id2label[k]: ClassMetrics(float(precision[i]), float(recall[i]), float(f1[i]), int(support[i]))
-                 for i, k in enumerate(ids)}
+    per_class = {
+        id2label[k]: ClassMetrics(float(precision[i]), float(recall[i]), float(f1[i]), int(support[i]))
+        for i, k in enumerate(ids)
+    }
     return ClassificationMetrics(
-        accuracy=float(accuracy_score(labels, predictions)), macro_f1=float(np.mean(f1)), per_class=per_class,
-        confusion_matrix=ConfusionMatrix([id2label[k] for k in ids],
-                                         confusion_matrix(labels, predictions, labels=ids).tolist()),
-        examples=len(labels))
+        accuracy=float(accuracy_score(labels, predictions)),
+        macro_f1=float(np.mean(f1)),
+        per_class=per_class,
+        confusion_matrix=ConfusionMatrix(
+            [id2label[k] for k in ids], confusion_matrix(labels, predictions, labels=ids).tolist()
+        ),
+        examples=len(labels),
+    )
 
 
 @dataclass
 class MultiLabelMetrics:
     """A set of labels per text: `accuracy` is subset accuracy (the whole set right), F1 micro and macro
     over labels, and per label precision / recall / F1 / support (texts that carry it)."""
+
     accuracy: float
     micro_f1: float
     macro_f1: float
@@ -76,12 +83,15 @@ def _problem_of(value) -> str:
 def _discriminated():
     from pydantic import Discriminator, Tag
 
-    return Annotated[Union[Annotated[ClassificationMetrics, Tag("single_label")],
-                           Annotated[MultiLabelMetrics, Tag("multi_label")]], Discriminator(_problem_of)]
+    return Annotated[
+        Annotated[ClassificationMetrics, Tag("single_label")] | Annotated[MultiLabelMetrics, Tag("multi_label")],
+        Discriminator(_problem_of),
+    ]
 
 
-def multilabel_metrics(label_sets: list[list[int]], probs: np.ndarray, id2label: dict[int, str],
-                       thresholds: list[float] | None = None) -> MultiLabelMetrics:
+def multilabel_metrics(
+    label_sets: list[list[int]], probs: np.ndarray, id2label: dict[int, str], thresholds: list[float] | None = None
+) -> MultiLabelMetrics:
     ids = sorted(id2label)
     decision = Decision("multi_label", thresholds=thresholds)
     truth, chosen = multi_hot(label_sets, len(ids)).astype(int), decision.chosen(probs).astype(int)
@@ -89,12 +99,17 @@ def multilabel_metrics(label_sets: list[list[int]], probs: np.ndarray, id2label:
     micro = precision_recall_fscore_support(truth, chosen, average="micro", zero_division=0)[2]
     cuts = thresholds or [DEFAULT_THRESHOLD] * len(ids)
     return MultiLabelMetrics(
-        accuracy=float(accuracy_score(truth, chosen)), micro_f1=float(micro), macro_f1=float(np.mean(f1)),
-        per_class={id2label[k]: ClassMetrics(float(precision[k]), float(recall[k]), float(f1[k]), int(support[k]))
-                   for k in ids},
-        examples=len(label_sets), thresholds={id2label[k]: float(cuts[k]) for k in ids},
+        accuracy=float(accuracy_score(truth, chosen)),
+        micro_f1=float(micro),
+        macro_f1=float(np.mean(f1)),
+        per_class={
+            id2label[k]: ClassMetrics(float(precision[k]), float(recall[k]), float(f1[k]), int(support[k])) for k in ids
+        },
+        examples=len(label_sets),
+        thresholds={id2label[k]: float(cuts[k]) for k in ids},
         mean_labels=float(truth.sum(axis=1).mean()) if len(truth) else 0.0,
-        mean_predicted_labels=float(chosen.sum(axis=1).mean()) if len(chosen) else 0.0)
+        mean_predicted_labels=float(chosen.sum(axis=1).mean()) if len(chosen) else 0.0,
+    )
 
 
 # the test metrics of either problem, as a field of a run record: validated as the one its keys say
@@ -108,8 +123,9 @@ def evaluation_metrics(labels: list, probs: np.ndarray, id2label: dict[int, str]
     return classification_metrics(labels, probs, id2label)
 
 
-def prediction_rows(texts: list[str], labels: list | None, probs: np.ndarray, id2label: dict[int, str],
-                    decision=None) -> list[dict]:
+def prediction_rows(
+    texts: list[str], labels: list | None, probs: np.ndarray, id2label: dict[int, str], decision=None
+) -> list[dict]:
     """One row a text: its label (or label set) when known, the prediction, and every label's probability."""
     decision = decision or Decision()
     rows = []
@@ -128,8 +144,10 @@ def format_metrics(metrics: ClassificationMetrics | MultiLabelMetrics) -> str:
         return _format_multilabel(metrics)
     names = metrics.confusion_matrix.labels
     width = max(8, *(len(n) for n in names))
-    lines = [f"accuracy {metrics.accuracy:.4f}   macro F1 {metrics.macro_f1:.4f}   ({metrics.examples} examples)",
-             f"{'class':<{width}}  precision  recall     f1  support"]
+    lines = [
+        f"accuracy {metrics.accuracy:.4f}   macro F1 {metrics.macro_f1:.4f}   ({metrics.examples} examples)",
+        f"{'class':<{width}}  precision  recall     f1  support",
+    ]
     for name, row in metrics.per_class.items():
         lines.append(f"{name:<{width}}  {row.precision:9.4f}  {row.recall:6.4f}  {row.f1:5.4f}  {row.support:7d}")
     lines.append("confusion matrix (rows: true, columns: predicted)")
@@ -141,11 +159,15 @@ def format_metrics(metrics: ClassificationMetrics | MultiLabelMetrics) -> str:
 
 def _format_multilabel(metrics: MultiLabelMetrics) -> str:
     width = max(8, *(len(n) for n in metrics.per_class))
-    lines = [f"subset accuracy {metrics.accuracy:.4f}   micro F1 {metrics.micro_f1:.4f}   macro F1 "
-             f"{metrics.macro_f1:.4f}   ({metrics.examples} examples; {metrics.mean_labels:.2f} labels a text, "
-             f"{metrics.mean_predicted_labels:.2f} predicted)",
-             f"{'label':<{width}}  threshold  precision  recall     f1  support"]
+    lines = [
+        f"subset accuracy {metrics.accuracy:.4f}   micro F1 {metrics.micro_f1:.4f}   macro F1 "
+        f"{metrics.macro_f1:.4f}   ({metrics.examples} examples; {metrics.mean_labels:.2f} labels a text, "
+        f"{metrics.mean_predicted_labels:.2f} predicted)",
+        f"{'label':<{width}}  threshold  precision  recall     f1  support",
+    ]
     for name, row in metrics.per_class.items():
-        lines.append(f"{name:<{width}}  {metrics.thresholds[name]:9.2f}  {row.precision:9.4f}  {row.recall:6.4f}  "
-                     f"{row.f1:5.4f}  {row.support:7d}")
+        lines.append(
+            f"{name:<{width}}  {metrics.thresholds[name]:9.2f}  {row.precision:9.4f}  {row.recall:6.4f}  "
+            f"{row.f1:5.4f}  {row.support:7d}"
+        )
     return "\n".join(lines)

@@ -46,6 +46,7 @@ LOCK = ".loracls.lock"  # held (flock) by the one process that writes the run: t
 @dataclass
 class BaselineRecord:
     """baseline.json: the zero-shot prompt baseline on the test split, plain and calibrated."""
+
     prompt_template: str
     verbalizers: dict[str, str]
     zero_shot: ClassificationMetrics
@@ -59,6 +60,7 @@ class BaselineRecord:
 @dataclass
 class SkippedBaseline:
     """A baseline left out, and why (said in the log and the report)."""
+
     name: str
     reason: str
 
@@ -66,6 +68,7 @@ class SkippedBaseline:
 @dataclass
 class BaselineSummary:
     """The baseline ladder on the test split, beside the LoRA result (None: that baseline was not run)."""
+
     zero_shot_accuracy: float | None = None
     calibrated_accuracy: float | None = None
     tfidf_accuracy: float | None = None
@@ -115,6 +118,7 @@ class ExportCheck:
 @dataclass
 class Metrics:
     """metrics.json: what a finished run measured."""
+
     test: AnyMetrics
     validation: ValidationSummary
     train: TrainSummary
@@ -197,7 +201,7 @@ def read_labels(run: Path) -> dict[int, str]:
     path = run / LABELS
     raw = parse_record(dict[str, str], files.read_json(path, "run file"), str(path))
     if sorted(raw) != [str(i) for i in range(len(raw))] or len(raw) < 2:
-        raise LoraclsError(f"{path}: ids must be \"0\"..\"n-1\" for n >= 2 labels, got {sorted(raw)}")
+        raise LoraclsError(f'{path}: ids must be "0".."n-1" for n >= 2 labels, got {sorted(raw)}')
     names = list(raw.values())
     if len(set(names)) != len(names) or not all(name.strip() for name in names):
         raise LoraclsError(f"{path}: label names must be distinct and non-empty")

@@ -17,6 +17,7 @@ __all__ = ["LadderRow", "Verdict", "decide"]
 @dataclass
 class LadderRow:
     """One model on the test split: its quality and its cost (None: not measured for this model)."""
+
     name: str  # zero-shot | zero-shot, calibrated | TF-IDF | encoder | LoRA
     accuracy: float  # label sets: subset accuracy
     macro_f1: float
@@ -72,25 +73,33 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
     if ship is lora:
         rival = max(others, key=lambda r: _score(r, metric))
         gap = 100 * (_score(lora, metric) - _score(rival, metric))
-        return (f"ship LoRA: {gap:+.1f} points of {words} over the {rival.name} (the best alternative; noise on "
-                f"this test split is about {100 * noise:.1f}) at {_cost_ratio(lora, rival)} the {rival.name}'s cost "
-                f"per text")
+        return (
+            f"ship LoRA: {gap:+.1f} points of {words} over the {rival.name} (the best alternative; noise on "
+            f"this test split is about {100 * noise:.1f}) at {_cost_ratio(lora, rival)} the {rival.name}'s cost "
+            f"per text"
+        )
     if lora is None:
         return f"ship the {ship.name}: the best {words} for its inference cost"
     gap = 100 * (_score(lora, metric) - _score(ship, metric))
     if gap > 0:
-        return (f"ship the {ship.name}: LoRA's {gap:+.1f} points of {words} are within this test split's noise "
-                f"(about {100 * noise:.1f}), and LoRA costs {_cost_ratio(lora, ship)} the {ship.name}'s cost per text")
-    return (f"ship the {ship.name}: it is {-gap:.1f} points of {words} ahead of LoRA, and LoRA costs "
-            f"{_cost_ratio(lora, ship)} the {ship.name}'s cost per text")
+        return (
+            f"ship the {ship.name}: LoRA's {gap:+.1f} points of {words} are within this test split's noise "
+            f"(about {100 * noise:.1f}), and LoRA costs {_cost_ratio(lora, ship)} the {ship.name}'s cost per text"
+        )
+    return (
+        f"ship the {ship.name}: it is {-gap:.1f} points of {words} ahead of LoRA, and LoRA costs "
+        f"{_cost_ratio(lora, ship)} the {ship.name}'s cost per text"
+    )
 
 
 def format_table(verdict: Verdict) -> str:
     """The table as text (the log's side-by-side view)."""
     lines = [f"{'model':<22} {'accuracy':>8} {'macro F1':>8} {'ECE':>6} {'train s':>8} {'texts/s':>8} {'params':>8}"]
     for r in verdict.rows:
-        lines.append(f"{r.name:<22} {r.accuracy:8.4f} {r.macro_f1:8.4f} {_num(r.ece, '6.3f')} "
-                     f"{_num(r.train_seconds, '8.0f')} {_num(r.texts_per_second, '8.1f')} {_params(r.parameters):>8}")
+        lines.append(
+            f"{r.name:<22} {r.accuracy:8.4f} {r.macro_f1:8.4f} {_num(r.ece, '6.3f')} "
+            f"{_num(r.train_seconds, '8.0f')} {_num(r.texts_per_second, '8.1f')} {_params(r.parameters):>8}"
+        )
     return "\n".join(lines + [f"verdict: {verdict.reason}"])
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
-                          get_linear_schedule_with_warmup)
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
 from loracls.calibration import calibrate
 from loracls.data.batching import collate, length_grouped_batches
@@ -34,6 +33,7 @@ WARMUP_SHARE = 0.1  # of all steps: the usual recipe for fine-tuning BERT-like e
 @dataclass
 class EncoderRecord:
     """encoder.json: the fine-tuned encoder on the test split, with what it cost."""
+
     model: str
     epochs: int  # trained
     best_epoch: int  # chosen on validation
@@ -72,11 +72,17 @@ def _load(spec: str, dataset: Dataset, log):
     problem_type = "multi_label_classification" if dataset.multi_label else "single_label_classification"
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            str(directory), num_labels=len(labels), id2label=dict(labels),
-            label2id={name: i for i, name in labels.items()}, problem_type=problem_type, dtype=torch.float32)
+            str(directory),
+            num_labels=len(labels),
+            id2label=dict(labels),
+            label2id={name: i for i, name in labels.items()},
+            problem_type=problem_type,
+            dtype=torch.float32,
+        )
     except Exception as exc:
-        raise LoraclsError(f"encoder baseline: cannot load {spec} as a sequence classifier: {first_line(exc, 200)}") \
-            from None
+        raise LoraclsError(
+            f"encoder baseline: cannot load {spec} as a sequence classifier: {first_line(exc, 200)}"
+        ) from None
     return tokenizer, model
 
 
@@ -93,13 +99,16 @@ class EncoderFit:
         self.model.to(runtime.device)
         limit = getattr(self.model.config, "max_position_embeddings", 512) or 512
         self.max_length = min(config.max_length, limit)
-        self.ids = {name: _encode(self.tokenizer, getattr(dataset, name).texts, self.max_length)
-                    for name in ("train", "validation", "test")}
+        self.ids = {
+            name: _encode(self.tokenizer, getattr(dataset, name).texts, self.max_length)
+            for name in ("train", "validation", "test")
+        }
         self.decision = Decision(dataset.problem)
 
     def logits(self, split: str) -> np.ndarray:
-        return predict_logits(self.model, self.ids[split], self.tokenizer.pad_token_id, self.config.eval_batch_size,
-                              self.runtime)
+        return predict_logits(
+            self.model, self.ids[split], self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime
+        )
 
     def validation_score(self) -> float:
         """The config's select_by on validation, higher is better (loss is negated)."""
@@ -114,16 +123,23 @@ class EncoderFit:
 
     def _epoch(self, optimizer, scheduler, epoch: int) -> None:
         split, config = self.dataset.train, self.config
-        batches = length_grouped_batches([len(x) for x in self.ids["train"]], config.encoder_batch_size,
-                                         config.seed + epoch)
+        batches = length_grouped_batches(
+            [len(x) for x in self.ids["train"]], config.encoder_batch_size, config.seed + epoch
+        )
         self.model.train()
         for rows in batches:
             batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
-            targets = label_tensor([split.labels[i] for i in rows], len(self.dataset.id2label),
-                                   self.decision.multi_label, self.runtime.device)
+            targets = label_tensor(
+                [split.labels[i] for i in rows],
+                len(self.dataset.id2label),
+                self.decision.multi_label,
+                self.runtime.device,
+            )
             with self.runtime.autocast:
-                logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
-                                    attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
+                logits = self.model(
+                    input_ids=batch["input_ids"].to(self.runtime.device),
+                    attention_mask=batch["attention_mask"].to(self.runtime.device),
+                ).logits
             loss = training_loss(logits.float(), targets, None, self.decision.multi_label, len(rows))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
@@ -135,15 +151,15 @@ class EncoderFit:
         """(best epoch, its validation score); the model ends holding the best epoch's weights."""
         config = self.config
         steps = config.encoder_epochs * math.ceil(len(self.ids["train"]) / config.encoder_batch_size)
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.encoder_learning_rate,
-                                      weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.encoder_learning_rate, weight_decay=config.weight_decay
+        )
         scheduler = get_linear_schedule_with_warmup(optimizer, int(WARMUP_SHARE * steps), steps)
         best = (0, -math.inf, None)
         for epoch in range(1, config.encoder_epochs + 1):
             self._epoch(optimizer, scheduler, epoch)
             score = self.validation_score()
-            self.log(f"encoder: epoch {epoch}/{config.encoder_epochs}, validation {config.select_by} "
-                     f"{abs(score):.4f}")
+            self.log(f"encoder: epoch {epoch}/{config.encoder_epochs}, validation {config.select_by} {abs(score):.4f}")
             if score > best[1]:
                 best = (epoch, score, copy.deepcopy(self.model.state_dict()))
         self.model.load_state_dict(best[2])
@@ -173,14 +189,23 @@ def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
     decision, ece = _decide(fit, validation_logits, test_logits)
     parameters = sum(p.numel() for p in fit.model.parameters())
     record = EncoderRecord(
-        model=config.encoder_model, epochs=config.encoder_epochs, best_epoch=best_epoch,
-        learning_rate=config.encoder_learning_rate, validation_score=score,
+        model=config.encoder_model,
+        epochs=config.encoder_epochs,
+        best_epoch=best_epoch,
+        learning_rate=config.encoder_learning_rate,
+        validation_score=score,
         test=evaluation_metrics(dataset.test.labels, decision.probabilities(test_logits), dataset.id2label, decision),
-        temperature=decision.temperature, test_ece=ece, train_seconds=train_seconds,
-        texts_per_second=texts_per_second, parameters=parameters,
+        temperature=decision.temperature,
+        test_ece=ece,
+        train_seconds=train_seconds,
+        texts_per_second=texts_per_second,
+        parameters=parameters,
         trainable_parameters=sum(p.numel() for p in fit.model.parameters() if p.requires_grad),
-        size_mb=parameters * 4 / 2**20)
-    log(f"baseline (encoder {config.encoder_model}, fine-tuned, best epoch {best_epoch}/{config.encoder_epochs}): "
+        size_mb=parameters * 4 / 2**20,
+    )
+    log(
+        f"baseline (encoder {config.encoder_model}, fine-tuned, best epoch {best_epoch}/{config.encoder_epochs}): "
         f"test {'subset accuracy' if dataset.multi_label else 'accuracy'} {record.test.accuracy:.4f}, macro F1 "
-        f"{record.test.macro_f1:.4f} ({train_seconds:.0f}s to train, {texts_per_second:.0f} texts/s)")
+        f"{record.test.macro_f1:.4f} ({train_seconds:.0f}s to train, {texts_per_second:.0f} texts/s)"
+    )
     return record

@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.multiclass import OneVsRestClassifier
 from sklearn.pipeline import FeatureUnion
-from sklearn.feature_extraction.text import TfidfVectorizer
 
 from loracls.calibration import reliability
 from loracls.data.splits import Dataset
@@ -23,6 +23,7 @@ C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 @dataclass
 class TfidfRecord:
     """tfidf.json: the TF-IDF + logistic regression baseline on the test split."""
+
     c: float
     validation_accuracy: float  # label sets: validation micro F1 (what chose C)
     test: AnyMetrics
@@ -34,11 +35,17 @@ class TfidfRecord:
 
 
 def features() -> FeatureUnion:
-    return FeatureUnion([
-        ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1, max_features=200_000)),
-        ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2,
-                                  max_features=300_000)),
-    ])
+    return FeatureUnion(
+        [
+            ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1, max_features=200_000)),
+            (
+                "chars",
+                TfidfVectorizer(
+                    analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2, max_features=300_000
+                ),
+            ),
+        ]
+    )
 
 
 def _fit(train, labels: list, c: float, seed: int, multi_label: bool, num_labels: int):
@@ -77,15 +84,22 @@ def run_tfidf(dataset: Dataset, seed: int, log=print) -> TfidfRecord:
     seconds, scored = time.perf_counter() - started, time.perf_counter()
     probs = _probabilities(model, union.transform(dataset.test.texts), n, multi)
     texts_per_second = len(dataset.test.texts) / max(time.perf_counter() - scored, 1e-9)
-    record = TfidfRecord(c=c, validation_accuracy=score,
-                         test=evaluation_metrics(dataset.test.labels, probs, dataset.id2label, decision),
-                         seconds=seconds, features=int(train.shape[1]), texts_per_second=texts_per_second,
-                         ece=None if multi else reliability(probs, dataset.test.labels)[0],
-                         parameters=_coefficients(model))
+    record = TfidfRecord(
+        c=c,
+        validation_accuracy=score,
+        test=evaluation_metrics(dataset.test.labels, probs, dataset.id2label, decision),
+        seconds=seconds,
+        features=int(train.shape[1]),
+        texts_per_second=texts_per_second,
+        ece=None if multi else reliability(probs, dataset.test.labels)[0],
+        parameters=_coefficients(model),
+    )
     extra = f", micro F1 {record.test.micro_f1:.4f}" if multi else ""
-    log(f"baseline (TF-IDF + logistic regression, C={c:g} on validation): test "
+    log(
+        f"baseline (TF-IDF + logistic regression, C={c:g} on validation): test "
         f"{'subset accuracy' if multi else 'accuracy'} {record.test.accuracy:.4f}{extra}, "
-        f"macro F1 {record.test.macro_f1:.4f} ({record.seconds:.1f}s)")
+        f"macro F1 {record.test.macro_f1:.4f} ({record.seconds:.1f}s)"
+    )
     return record
 
 

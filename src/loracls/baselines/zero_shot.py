@@ -45,8 +45,10 @@ def check_verbalizers(config: Config, id2label: dict[int, str]) -> None:
     """Verbalizers may name only labels the data has (a typo would otherwise score the bare label name)."""
     unknown = sorted(set(config.verbalizers or {}) - set(id2label.values()))
     if unknown:
-        raise LoraclsError(f"config: verbalizers name labels the data does not have: {', '.join(unknown)} "
-                           f"(labels: {', '.join(id2label[i] for i in sorted(id2label))})")
+        raise LoraclsError(
+            f"config: verbalizers name labels the data does not have: {', '.join(unknown)} "
+            f"(labels: {', '.join(id2label[i] for i in sorted(id2label))})"
+        )
 
 
 # a label name that is a code, not a word: digits (`0`, `label_3`, `C1`), an underscore, a single character,
@@ -63,8 +65,10 @@ def code_labels(config: Config, id2label: dict[int, str]) -> list[str]:
 def codes_reason(codes: list[str]) -> str:
     shown = ", ".join(codes[:6]) + (", ..." if len(codes) > 6 else "")
     example = ", ".join(f"{name}: <a word>" for name in codes[:2])
-    return (f"the label names {shown} are codes, not words: a prompt that scores them is not a meaningful "
-            f"zero-shot result; give verbalizers ({{{example}}}) to run it")
+    return (
+        f"the label names {shown} are codes, not words: a prompt that scores them is not a meaningful "
+        f"zero-shot result; give verbalizers ({{{example}}}) to run it"
+    )
 
 
 def _left_padded(sequences: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -72,10 +76,9 @@ def _left_padded(sequences: list[list[int]], pad_id: int) -> dict[str, torch.Ten
     input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
-        input_ids[row, width - len(seq):] = torch.tensor(seq)
-        mask[row, width - len(seq):] = 1
-    return {"input_ids": input_ids, "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+        input_ids[row, width - len(seq) :] = torch.tensor(seq)
+        mask[row, width - len(seq) :] = 1
+    return {"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
 class ZeroShotScorer:
@@ -89,7 +92,9 @@ class ZeroShotScorer:
 
     def _prompt_ids(self, texts: list[str]) -> list[list[int]]:
         # the text is truncated, the instruction around it is kept
-        text_ids = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=self.max_length)["input_ids"]
+        text_ids = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=self.max_length)[
+            "input_ids"
+        ]
         texts = self.tokenizer.batch_decode(text_ids)
         return self.tokenizer([self.template.format(text=t, choices=self.choices) for t in texts])["input_ids"]
 
@@ -120,8 +125,13 @@ class ZeroShotScorer:
         mask = torch.cat([batch["attention_mask"], torch.ones(rows, extra, dtype=torch.long, device=device)], dim=1)
         positions = batch["position_ids"][:, -1:] + 1 + torch.arange(extra, device=device)
         with self.runtime.autocast:
-            logits = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                                past_key_values=copy.deepcopy(cache), use_cache=True).logits
+            logits = self.model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=copy.deepcopy(cache),
+                use_cache=True,
+            ).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         target = torch.tensor(ids[1:], device=device).expand(rows, -1).unsqueeze(-1)
         return logprobs.gather(-1, target).squeeze(-1).sum(-1)
@@ -130,10 +140,11 @@ class ZeroShotScorer:
         prompts = self._prompt_ids(texts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         scores = np.zeros((len(prompts), len(self.verbalizer_ids)))
-        bar = tqdm(total=len(prompts), desc="baseline", unit="text", file=sys.stderr, mininterval=2.0,
-                   disable=not progress)
+        bar = tqdm(
+            total=len(prompts), desc="baseline", unit="text", file=sys.stderr, mininterval=2.0, disable=not progress
+        )
         for start in range(0, len(order), self.batch_size):
-            rows = order[start:start + self.batch_size]
+            rows = order[start : start + self.batch_size]
             scores[rows] = self._batch_logprobs([prompts[i] for i in rows])
             bar.update(len(rows))
         bar.close()
@@ -151,8 +162,16 @@ def calibrate(label_logprobs: np.ndarray, content_free_logprobs: np.ndarray) -> 
     return _softmax(np.log(_softmax(label_logprobs)) - np.log(p_cf))
 
 
-def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2label: dict[int, str],
-                 config: Config, runtime, log=print) -> tuple[BaselineRecord, np.ndarray, np.ndarray]:
+def run_baseline(
+    model_dir,
+    tokenizer,
+    texts: list[str],
+    labels: list[int],
+    id2label: dict[int, str],
+    config: Config,
+    runtime,
+    log=print,
+) -> tuple[BaselineRecord, np.ndarray, np.ndarray]:
     """Zero-shot metrics (plain and calibrated) and the two probability arrays."""
     template, words = prompt_setup(config, id2label)
     try:
@@ -167,13 +186,18 @@ def run_baseline(model_dir, tokenizer, texts: list[str], labels: list[int], id2l
     plain = _softmax(scores)
     calibrated = calibrate(scores, content_free)
     result = BaselineRecord(
-        prompt_template=template, verbalizers={id2label[i]: w for i, w in enumerate(words)},
+        prompt_template=template,
+        verbalizers={id2label[i]: w for i, w in enumerate(words)},
         zero_shot=classification_metrics(labels, plain, id2label),
         calibrated=classification_metrics(labels, calibrated, id2label),
         content_free_probabilities=_softmax(content_free).mean(axis=0).round(4).tolist(),
-        texts_per_second=texts_per_second, calibrated_ece=reliability(calibrated, labels)[0],
-        parameters=sum(p.numel() for p in model.parameters()))
-    log(f"baseline (zero-shot, {len(texts)} test examples): accuracy {result.zero_shot.accuracy:.4f}, "
-        f"calibrated {result.calibrated.accuracy:.4f}")
+        texts_per_second=texts_per_second,
+        calibrated_ece=reliability(calibrated, labels)[0],
+        parameters=sum(p.numel() for p in model.parameters()),
+    )
+    log(
+        f"baseline (zero-shot, {len(texts)} test examples): accuracy {result.zero_shot.accuracy:.4f}, "
+        f"calibrated {result.calibrated.accuracy:.4f}"
+    )
     del model
     return result, plain, calibrated

@@ -11,6 +11,7 @@ import torch
 
 from loracls.errors import LoraclsError
 
+
 def encode(tokenizer, texts: list[str], max_length: int, template: str | None = None) -> list[list[int]]:
     """Token ids per text, truncated to max_length; no padding here (dynamic padding happens per batch)."""
     return encode_with_truncation(tokenizer, texts, max_length, template)[0]
@@ -19,13 +20,16 @@ def encode(tokenizer, texts: list[str], max_length: int, template: str | None = 
 def _template_budget(tokenizer, max_length: int, template: str) -> int:
     overhead = len(tokenizer(template.format(text=""))["input_ids"]) + 2
     if overhead >= max_length:
-        raise LoraclsError(f"max_length {max_length} leaves no room for text: the input_template takes "
-                           f"{overhead - 2} tokens; raise max_length or shorten the template")
+        raise LoraclsError(
+            f"max_length {max_length} leaves no room for text: the input_template takes "
+            f"{overhead - 2} tokens; raise max_length or shorten the template"
+        )
     return max_length - overhead
 
 
-def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
-                           template: str | None = None) -> tuple[list[list[int]], list[bool]]:
+def encode_with_truncation(
+    tokenizer, texts: list[str], max_length: int, template: str | None = None
+) -> tuple[list[list[int]], list[bool]]:
     """(token ids, whether each text was cut to fit max_length).
 
     With a template (`"Movie review: {text}\nSentiment:"`) the text is placed inside it; when too long the
@@ -35,8 +39,10 @@ def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
         budget = _template_budget(tokenizer, max_length, template)
         pieces = tokenizer(texts, add_special_tokens=False)["input_ids"]
         truncated = [len(ids) > budget for ids in pieces]
-        texts = [template.format(text=t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
-                 for t, ids in zip(texts, pieces)]
+        texts = [
+            template.format(text=t if len(ids) <= budget else tokenizer.decode(ids[:budget]))
+            for t, ids in zip(texts, pieces)
+        ]
         out = tokenizer(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
         return [list(ids) for ids in out], truncated
     full = tokenizer(texts, padding=False)["input_ids"]
@@ -50,6 +56,7 @@ def encode_with_truncation(tokenizer, texts: list[str], max_length: int,
 @dataclass
 class Encoded:
     """Token ids of some texts: one row per text, or (long_text: chunks) one row per window of a text."""
+
     ids: list[list[int]]
     owner: list[int]  # the text each row belongs to
     long: list[bool]  # per text: longer than max_length (truncated, cut to head + tail, or chunked)
@@ -73,27 +80,37 @@ class TextEncoder:
     as Sun et al. 2019 found best for long reviews), or `chunks` (windows of max_length every `stride` tokens;
     a text's prediction is the mean of its windows' logits)."""
 
-    def __init__(self, tokenizer, max_length: int, template: str | None = None, long_text: str = "truncate",
-                 stride: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        max_length: int,
+        template: str | None = None,
+        long_text: str = "truncate",
+        stride: int | None = None,
+    ):
         self.tokenizer, self.max_length, self.template, self.long_text = tokenizer, max_length, template, long_text
         if long_text != "truncate":  # the text budget and framing of windows, worked out once
             self.prefix, self.suffix = self._special_tokens()
-            self.budget = (_template_budget(tokenizer, max_length, template) if template
-                           else max_length - len(self.prefix) - len(self.suffix))
+            self.budget = (
+                _template_budget(tokenizer, max_length, template)
+                if template
+                else max_length - len(self.prefix) - len(self.suffix)
+            )
             self.stride = min(stride or max(self.budget // 2, 1), self.budget)
 
     @classmethod
-    def for_config(cls, config, tokenizer, long_text: str | None = None) -> "TextEncoder":
+    def for_config(cls, config, tokenizer, long_text: str | None = None) -> TextEncoder:
         """The encoder a run's config asks for; `long_text` overrides its mode (`truncate`: first windows only)."""
-        return cls(tokenizer, config.max_length, config.input_template, long_text or config.long_text,
-                   config.chunk_stride)
+        return cls(
+            tokenizer, config.max_length, config.input_template, long_text or config.long_text, config.chunk_stride
+        )
 
     def _special_tokens(self) -> tuple[list[int], list[int]]:
         """The tokens the tokenizer puts before and after a text's own (e.g. BOS), read once from a probe."""
         full = list(self.tokenizer("x")["input_ids"])
         core = list(self.tokenizer("x", add_special_tokens=False)["input_ids"])
-        start = next(i for i in range(len(full)) if full[i:i + len(core)] == core)
-        return full[:start], full[start + len(core):]
+        start = next(i for i in range(len(full)) if full[i : i + len(core)] == core)
+        return full[:start], full[start + len(core) :]
 
     def _frame(self, window: list[int]) -> list[int]:
         """The window as the tokenizer would encode a text of exactly these tokens (its special tokens added)."""
@@ -118,9 +135,9 @@ class TextEncoder:
     def _windows(self, text_ids: list[int]) -> list[list[int]]:
         if self.long_text == "head_tail":
             head = self.budget // 4
-            return [self._frame(text_ids[:head] + text_ids[len(text_ids) - (self.budget - head):])]
+            return [self._frame(text_ids[:head] + text_ids[len(text_ids) - (self.budget - head) :])]
         starts = range(0, max(len(text_ids) - self.budget, 0) + self.stride, self.stride)
-        return [self._frame(text_ids[s:s + self.budget]) for s in starts if s < len(text_ids)]
+        return [self._frame(text_ids[s : s + self.budget]) for s in starts if s < len(text_ids)]
 
 
 def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, mega: int = 50) -> list[list[int]]:
@@ -135,8 +152,8 @@ def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, mega:
     window = batch_size * mega
     batches = []
     for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: -lengths[i])
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        chunk = sorted(order[start : start + window], key=lambda i: -lengths[i])
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     if len(batches) > 1:
         longest = max(range(len(batches)), key=lambda b: max(lengths[i] for i in batches[b]))
         first = batches.pop(longest)
@@ -153,8 +170,11 @@ def sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None =
     batches: list[list[int]] = []
     for i in order:
         current = batches[-1] if batches else None
-        full = current is None or len(current) >= batch_size or (
-            max_tokens is not None and (len(current) + 1) * lengths[current[0]] > max_tokens)
+        full = (
+            current is None
+            or len(current) >= batch_size
+            or (max_tokens is not None and (len(current) + 1) * lengths[current[0]] > max_tokens)
+        )
         if full:
             batches.append([i])
         else:
@@ -168,6 +188,6 @@ def collate(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
     for row, seq in enumerate(ids):
-        input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[row, :len(seq)] = 1
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask}

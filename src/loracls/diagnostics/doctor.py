@@ -48,9 +48,13 @@ def cpu_bf16_speed(repeats: int = 5) -> tuple[float, float]:
 
 def check_bf16(facts: DeviceFacts, measure: bool = True) -> Check:
     if facts.backend in ("rocm", "cuda"):
-        return Check("bf16", OK if facts.bf16_supported else WARN,
-                     "native bf16: training uses bf16 autocast" if facts.bf16_supported
-                     else "no bf16 on this GPU: training uses fp16 autocast")
+        return Check(
+            "bf16",
+            OK if facts.bf16_supported else WARN,
+            "native bf16: training uses bf16 autocast"
+            if facts.bf16_supported
+            else "no bf16 on this GPU: training uses fp16 autocast",
+        )
     if facts.backend == "mps":
         return Check("bf16", OK, "MPS: fp32 by default")
     flags = sorted(cpu_flags() & {"avx512_bf16", "amx_bf16"})
@@ -60,7 +64,9 @@ def check_bf16(facts: DeviceFacts, measure: bool = True) -> Check:
         speed = f"; measured matmul fp32 {fp32 * 1e3:.1f} ms, bf16 {bf16 * 1e3:.1f} ms ({fp32 / bf16:.2f}x)"
     if facts.bf16_supported:
         return Check("bf16", OK, f"CPU has native bf16 ({', '.join(flags)}): auto precision = bf16 autocast{speed}")
-    return Check("bf16", OK, f"CPU has no native bf16: auto precision = fp32 (bf16 autocast would be far slower){speed}")
+    return Check(
+        "bf16", OK, f"CPU has no native bf16: auto precision = fp32 (bf16 autocast would be far slower){speed}"
+    )
 
 
 # --- the report ----------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ def _prediction_row(row) -> bool:
         return False
     probs, prediction = row["probabilities"], row.get("prediction")
     named = prediction if isinstance(prediction, list) else [prediction]
-    return (all(isinstance(name, str) and isinstance(probs.get(name), (int, float)) for name in named)
-            and all(isinstance(p, (int, float)) for p in probs.values()))
+    return all(isinstance(name, str) and isinstance(probs.get(name), (int, float)) for name in named) and all(
+        isinstance(p, (int, float)) for p in probs.values()
+    )
 
 
 def _confidence_in_mistake(row: dict) -> float:
@@ -35,7 +36,9 @@ def _confidence_in_mistake(row: dict) -> float:
     if not isinstance(row["prediction"], list):
         return row["probabilities"][row["prediction"]]
     truth, chosen = set(row["label"]), set(row["prediction"])
-    return max(abs(p - (name in truth)) for name, p in row["probabilities"].items() if (name in truth) != (name in chosen))
+    return max(
+        abs(p - (name in truth)) for name, p in row["probabilities"].items() if (name in truth) != (name in chosen)
+    )
 
 
 def confident_mistakes(rows: list[dict], limit: int = 10) -> list[dict]:
@@ -56,7 +59,9 @@ def _plot_curves(log: list[dict], target: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = [r for r in log if isinstance(r.get("loss"), (int, float)) and isinstance(r.get("step"), int)]
-    evals = [r for r in log if isinstance(r.get("validation_accuracy"), (int, float)) and isinstance(r.get("step"), int)]
+    evals = [
+        r for r in log if isinstance(r.get("validation_accuracy"), (int, float)) and isinstance(r.get("step"), int)
+    ]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     left.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="tab:blue")
     left.set(title="training loss", xlabel="optimizer step", ylabel="loss")
@@ -103,8 +108,10 @@ def _plot_reliability(calibration, target: Path) -> None:
 
     fig, axis = plt.subplots(figsize=(4.8, 4.2))
     axis.plot([0, 1], [0, 1], color="gray", linestyle="--", linewidth=1, label="perfectly calibrated")
-    for name, quality, color in (("raw", calibration.before, "tab:red"),
-                                 (f"T = {calibration.temperature:.2f}", calibration.after, "tab:blue")):
+    for name, quality, color in (
+        ("raw", calibration.before, "tab:red"),
+        (f"T = {calibration.temperature:.2f}", calibration.after, "tab:blue"),
+    ):
         table = quality.reliability
         axis.plot(table.confidence, table.accuracy, marker="o", color=color, label=f"{name} (ECE {quality.ece:.3f})")
     axis.set(xlabel="confidence (top class)", ylabel="accuracy", title="test reliability", xlim=(0, 1), ylim=(0, 1))
@@ -119,13 +126,20 @@ def _plot_reliability(calibration, target: Path) -> None:
 def _calibration_section(calibration) -> list[str]:
     if calibration is None:
         return []
-    rows = [[name, _fmt(q.ece), _fmt(q.brier), _fmt(q.log_loss)]
-            for name, q in (("raw probabilities", calibration.before),
-                            (f"temperature {calibration.temperature:.3f}", calibration.after))]
-    return ["<h2>Calibration (test split)</h2>", '<img src="reliability.png" alt="reliability diagram">',
-            _table(["", "ECE", "Brier", "log loss"], rows),
-            "<p>The temperature is fitted on the validation split; predict and serve return the calibrated "
-            "probabilities.</p>"]
+    rows = [
+        [name, _fmt(q.ece), _fmt(q.brier), _fmt(q.log_loss)]
+        for name, q in (
+            ("raw probabilities", calibration.before),
+            (f"temperature {calibration.temperature:.3f}", calibration.after),
+        )
+    ]
+    return [
+        "<h2>Calibration (test split)</h2>",
+        '<img src="reliability.png" alt="reliability diagram">',
+        _table(["", "ECE", "Brier", "log loss"], rows),
+        "<p>The temperature is fitted on the validation split; predict and serve return the calibrated "
+        "probabilities.</p>",
+    ]
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -154,8 +168,10 @@ def _scores(metrics) -> list[float]:
 def _ladder(metrics: runs.Metrics, baseline: runs.BaselineRecord | None, tfidf) -> list[list]:
     rows = []
     if baseline is not None:
-        rows += [["zero-shot prompt", *_scores(baseline.zero_shot)],
-                 ["zero-shot, calibrated", *_scores(baseline.calibrated)]]
+        rows += [
+            ["zero-shot prompt", *_scores(baseline.zero_shot)],
+            ["zero-shot, calibrated", *_scores(baseline.calibrated)],
+        ]
     if tfidf is not None:
         rows.append([f"TF-IDF + logistic regression (C={tfidf.c:g})", *_scores(tfidf.test)])
     rows.append(["LoRA", *_scores(metrics.test)])
@@ -169,16 +185,27 @@ def _verdict_section(metrics: runs.Metrics, comparison: list[list], scores: list
     verdict = metrics.verdict
     if verdict is None:  # a run from before the verdict
         return [_table(["method", *scores], [[method, *map(_fmt, values)] for method, *values in comparison]), *notes]
-    rows = [[r.name, r.detail, _fmt(r.accuracy), _fmt(r.macro_f1), "-" if r.ece is None else f"{r.ece:.3f}",
-             "-" if r.train_seconds is None else f"{r.train_seconds:.0f}",
-             "-" if r.texts_per_second is None else f"{r.texts_per_second:.1f}",
-             "-" if r.parameters is None else f"{r.parameters / 1e6:.2f}M"] for r in verdict.rows]
+    rows = [
+        [
+            r.name,
+            r.detail,
+            _fmt(r.accuracy),
+            _fmt(r.macro_f1),
+            "-" if r.ece is None else f"{r.ece:.3f}",
+            "-" if r.train_seconds is None else f"{r.train_seconds:.0f}",
+            "-" if r.texts_per_second is None else f"{r.texts_per_second:.1f}",
+            "-" if r.parameters is None else f"{r.parameters / 1e6:.2f}M",
+        ]
+        for r in verdict.rows
+    ]
     first = "subset accuracy" if isinstance(metrics.test, MultiLabelMetrics) else "accuracy"
-    return [f"<p><b>Verdict: {html.escape(verdict.reason)}.</b></p>",
-            _table(["model", "what", first, "macro F1", "ECE", "train s", "texts/s (inference)", "parameters"], rows),
-            f"<p>Compared by {verdict.metric.replace('_', ' ')}; one standard error on this test split: "
-            f"{100 * verdict.noise:.1f} points. Of the models within it of the best, the fastest is shipped.</p>",
-            *notes]
+    return [
+        f"<p><b>Verdict: {html.escape(verdict.reason)}.</b></p>",
+        _table(["model", "what", first, "macro F1", "ECE", "train s", "texts/s (inference)", "parameters"], rows),
+        f"<p>Compared by {verdict.metric.replace('_', ' ')}; one standard error on this test split: "
+        f"{100 * verdict.noise:.1f} points. Of the models within it of the best, the fastest is shipped.</p>",
+        *notes,
+    ]
 
 
 def write_report(run_path: str) -> Path:
@@ -195,45 +222,79 @@ def write_report(run_path: str) -> Path:
         _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
     if metrics.calibration is not None:
         _plot_reliability(metrics.calibration, run / "reliability.png")
-    files.write_text(run / REPORT, _page(run.name, metrics, env, _ladder(metrics, baseline, tfidf),
-                                         _read_jsonl(run / runs.PREDICTIONS / "test.jsonl")))
+    files.write_text(
+        run / REPORT,
+        _page(
+            run.name,
+            metrics,
+            env,
+            _ladder(metrics, baseline, tfidf),
+            _read_jsonl(run / runs.PREDICTIONS / "test.jsonl"),
+        ),
+    )
     return run / REPORT
 
 
 def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
     multi_label = isinstance(metrics.test, MultiLabelMetrics)
     thresholds = metrics.test.thresholds if multi_label else {}
-    per_class = [[label, *([thresholds[label]] if multi_label else []), row.precision, row.recall, row.f1, row.support]
-                 for label, row in metrics.test.per_class.items()]
-    mistakes = [[_shown(r["label"]), _shown(r["prediction"]), _confidence_in_mistake(r), r["text"]]
-                for r in confident_mistakes(test_rows)]
+    per_class = [
+        [label, *([thresholds[label]] if multi_label else []), row.precision, row.recall, row.f1, row.support]
+        for label, row in metrics.test.per_class.items()
+    ]
+    mistakes = [
+        [_shown(r["label"]), _shown(r["prediction"]), _confidence_in_mistake(r), r["text"]]
+        for r in confident_mistakes(test_rows)
+    ]
     scores = ["subset accuracy", "micro F1", "macro F1"] if multi_label else ["accuracy", "macro F1"]
     train = metrics.train
-    summary = [["train steps", train.steps], ["stopped early", train.stopped_early],
-               ["train tokens/s", train.tokens_per_second], ["MFU", "unknown" if train.mfu is None else train.mfu],
-               ["loop seconds", train.seconds], ["wall seconds", metrics.wall_seconds],
-               ["best validation accuracy", metrics.validation.best_accuracy],
-               ["best step", metrics.validation.best_step],
-               ["merged == adapter", metrics.export.predictions_equal if metrics.export else "not exported"]]
+    summary = [
+        ["train steps", train.steps],
+        ["stopped early", train.stopped_early],
+        ["train tokens/s", train.tokens_per_second],
+        ["MFU", "unknown" if train.mfu is None else train.mfu],
+        ["loop seconds", train.seconds],
+        ["wall seconds", metrics.wall_seconds],
+        ["best validation accuracy", metrics.validation.best_accuracy],
+        ["best step", metrics.validation.best_step],
+        ["merged == adapter", metrics.export.predictions_equal if metrics.export else "not exported"],
+    ]
     sections = [
         f"<h1>loracls run {html.escape(name)}</h1>",
         "<h2>Does the LLM pay for itself? Every model on the test split, quality and cost</h2>",
         *_verdict_section(metrics, comparison, scores),
-        "<h2>Training</h2>", '<img src="curves.png" alt="loss and validation curves">',
+        "<h2>Training</h2>",
+        '<img src="curves.png" alt="loss and validation curves">',
         _table(["", ""], [[k, _fmt(v)] for k, v in summary]),
-        "<h2>Data</h2>", "".join(f"<p>{html.escape(note)}</p>" for note in metrics.data_notes) or "<p>no notes</p>",
+        "<h2>Data</h2>",
+        "".join(f"<p>{html.escape(note)}</p>" for note in metrics.data_notes) or "<p>no notes</p>",
         "<h2>Test report</h2>",
-        _table(["label" if multi_label else "class", *(["threshold"] if multi_label else []), "precision", "recall",
-                "F1", "support"], [[r[0], *map(_fmt, r[1:])] for r in per_class]),
+        _table(
+            [
+                "label" if multi_label else "class",
+                *(["threshold"] if multi_label else []),
+                "precision",
+                "recall",
+                "F1",
+                "support",
+            ],
+            [[r[0], *map(_fmt, r[1:])] for r in per_class],
+        ),
         "" if multi_label else '<img src="confusion.png" alt="confusion matrix">',
         *_calibration_section(metrics.calibration),
         "<h2>Most confident mistakes</h2>",
         _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])
-        if mistakes else "<p>none</p>",
-        "<h2>Environment</h2>", _table(["", ""], [[k, v] for k, v in env.items()]),
+        if mistakes
+        else "<p>none</p>",
+        "<h2>Environment</h2>",
+        _table(["", ""], [[k, v] for k, v in env.items()]),
     ]
-    style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
-             "th{background:#f3f3f3}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>loracls {html.escape(name)}</title>"
-            f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
+        "th{background:#f3f3f3}img{max-width:100%}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>loracls {html.escape(name)}</title>"
+        f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n"
+    )

@@ -16,8 +16,19 @@ from loracls import files, runs
 from loracls.config import FIELDS, Config, from_dict, parse_value
 from loracls.errors import LoraclsError
 
-COLUMNS = ["run", "validation_accuracy", "test_accuracy", "test_macro_f1", "test_micro_f1", "zero_shot_accuracy",
-           "calibrated_accuracy", "tfidf_accuracy", "encoder_accuracy", "train_tokens_per_second", "seconds"]
+COLUMNS = [
+    "run",
+    "validation_accuracy",
+    "test_accuracy",
+    "test_macro_f1",
+    "test_micro_f1",
+    "zero_shot_accuracy",
+    "calibrated_accuracy",
+    "tfidf_accuracy",
+    "encoder_accuracy",
+    "train_tokens_per_second",
+    "seconds",
+]
 
 
 def split_alternatives(text: str) -> list[str]:
@@ -70,12 +81,19 @@ def combinations(base: Config, grid: dict[str, list]) -> list[tuple[str, Config]
 
 def _row(name: str, run: Path, seconds: float) -> dict:
     metrics = runs.read_metrics(run)
-    return {"run": name, "validation_accuracy": round(metrics.validation.best_accuracy, 4),
-            "test_accuracy": round(metrics.test.accuracy, 4), "test_macro_f1": round(metrics.test.macro_f1, 4),
-            "test_micro_f1": _rounded(getattr(metrics.test, "micro_f1", None)),  # multi_label runs
-            **{f"{name}_accuracy": _rounded(getattr(metrics.baseline, f"{name}_accuracy", None))
-               for name in ("zero_shot", "calibrated", "tfidf", "encoder")},
-            "train_tokens_per_second": round(metrics.train.tokens_per_second, 1), "seconds": round(seconds, 1)}
+    return {
+        "run": name,
+        "validation_accuracy": round(metrics.validation.best_accuracy, 4),
+        "test_accuracy": round(metrics.test.accuracy, 4),
+        "test_macro_f1": round(metrics.test.macro_f1, 4),
+        "test_micro_f1": _rounded(getattr(metrics.test, "micro_f1", None)),  # multi_label runs
+        **{
+            f"{name}_accuracy": _rounded(getattr(metrics.baseline, f"{name}_accuracy", None))
+            for name in ("zero_shot", "calibrated", "tfidf", "encoder")
+        },
+        "train_tokens_per_second": round(metrics.train.tokens_per_second, 1),
+        "seconds": round(seconds, 1),
+    }
 
 
 def _rounded(value: float | None) -> float | None:
@@ -115,4 +133,3 @@ def _run_points(sweep_dir: Path, points: list, grid: dict[str, list], train, log
     files.write_json(sweep_dir / "grid.json", grid)
     log("\n" + markdown_table(rows))
     return sweep_dir
-

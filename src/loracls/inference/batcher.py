@@ -5,9 +5,9 @@ its own rows back. The model runs in one worker thread, so the event loop never 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -27,8 +27,14 @@ class _Pending:
 
 
 class Batcher:
-    def __init__(self, score: Callable[[list[list[int]]], np.ndarray], max_batch_size: int, max_wait_ms: float,
-                 max_queue: int, on_batch: Callable[[int], None] = lambda n: None):
+    def __init__(
+        self,
+        score: Callable[[list[list[int]]], np.ndarray],
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue: int,
+        on_batch: Callable[[int], None] = lambda n: None,
+    ):
         self.score, self.on_batch = score, on_batch
         self.max_batch_size, self.max_wait, self.max_queue = max_batch_size, max_wait_ms / 1000.0, max_queue
         self.queued_texts = 0
@@ -52,8 +58,9 @@ class Batcher:
     async def submit(self, ids: list[list[int]]) -> np.ndarray:
         """Logits for `ids` (one row per text), computed in some batch with other requests' texts."""
         if len(ids) > self.max_queue:
-            raise TooLarge(f"{len(ids)} texts (or windows of long texts) in one request; the queue holds at most "
-                           f"{self.max_queue}")
+            raise TooLarge(
+                f"{len(ids)} texts (or windows of long texts) in one request; the queue holds at most {self.max_queue}"
+            )
         if self.queued_texts + len(ids) > self.max_queue:
             raise Overloaded(f"{self.queued_texts} texts are queued (limit {self.max_queue})")
         future = asyncio.get_running_loop().create_future()
@@ -74,7 +81,7 @@ class Batcher:
                     break
                 try:
                     item = await asyncio.wait_for(self._queue.get(), remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             batch.append(item)
             count += len(item.ids)
@@ -95,7 +102,7 @@ class Batcher:
                 offset = 0
                 for pending in batch:
                     if not pending.future.done():
-                        pending.future.set_result(logits[offset:offset + len(pending.ids)])
+                        pending.future.set_result(logits[offset : offset + len(pending.ids)])
                     offset += len(pending.ids)
                 self.on_batch(len(ids))
             finally:

@@ -22,8 +22,14 @@ from loracls.training.speedups import store_frozen_linears_in
 
 
 class Classifier:
-    def __init__(self, path: str, log=print, batch_size: int | None = None, device: str | None = None,
-                 precision: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        log=print,
+        batch_size: int | None = None,
+        device: str | None = None,
+        precision: str | None = None,
+    ):
         source = Path(path)
         if (source / runs.CONFIG).is_file() and (source / runs.LABELS).is_file():
             self._from_run(source, log, device, precision)
@@ -40,8 +46,9 @@ class Classifier:
         thresholds = self.decision.thresholds
         if thresholds is not None and len(thresholds) != len(self.labels):
             raise LoraclsError(f"{path}: {len(thresholds)} thresholds saved for {len(self.labels)} labels")
-        self.encoder = TextEncoder(self.tokenizer, self.max_length, self.input_template, self.long_text,
-                                   self.chunk_stride)
+        self.encoder = TextEncoder(
+            self.tokenizer, self.max_length, self.input_template, self.long_text, self.chunk_stride
+        )
 
     def _from_run(self, run: Path, log, device: str | None, precision: str | None) -> None:
         runs.check_run_dir(str(run))
@@ -59,8 +66,9 @@ class Classifier:
             return
         from peft import PeftModel
 
-        loaded = load_classifier(resolve_model_dir(config.model, log), self.id2label, log=log,
-                                 problem=self.decision.problem)
+        loaded = load_classifier(
+            resolve_model_dir(config.model, log), self.id2label, log=log, problem=self.decision.problem
+        )
         try:
             adapter = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER))
         except Exception as exc:  # a damaged or foreign adapter directory
@@ -92,8 +100,9 @@ class Classifier:
 
     def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray:
         """Row logits; `max_tokens` caps the padded tokens of one forward pass (the server's mixed batches)."""
-        return predict_logits(self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress,
-                              max_tokens)
+        return predict_logits(
+            self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress, max_tokens
+        )
 
     @property
     def temperature(self) -> float:
@@ -114,4 +123,3 @@ class Classifier:
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
         encoded = self.encode(texts)
         return self.calibrated(encoded.per_text(self.logits(encoded.ids, progress)))
-

@@ -29,6 +29,7 @@ class InputFormat:
     """loracls_input.json beside an exported model (merged/, onnx/): the template and length trained with,
     what happens to longer texts, and how logits become labels: softmax(logits / T) and the top label, or
     (multi_label) a sigmoid per label and its threshold."""
+
     input_template: str | None = None
     max_length: int = 512
     long_text: str = "truncate"
@@ -45,21 +46,29 @@ class InputFormat:
         return Decision(self.problem, self.temperature, self.thresholds)
 
     @classmethod
-    def of_run(cls, config, decision: Decision) -> "InputFormat":
-        return cls(config.input_template, config.max_length, config.long_text, config.chunk_stride,
-                   decision.temperature, decision.problem, decision.thresholds)
+    def of_run(cls, config, decision: Decision) -> InputFormat:
+        return cls(
+            config.input_template,
+            config.max_length,
+            config.long_text,
+            config.chunk_stride,
+            decision.temperature,
+            decision.problem,
+            decision.thresholds,
+        )
 
     def write(self, directory: Path) -> None:
         runs.write_record(directory / INPUT_FORMAT, self)
 
     @classmethod
-    def read(cls, directory: Path) -> "InputFormat":
+    def read(cls, directory: Path) -> InputFormat:
         path = directory / INPUT_FORMAT
         return runs.read_record(path, cls) if path.is_file() else cls()
 
 
-def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray, dtype: str = "fp32",
-                        decision: Decision | None = None) -> ExportCheck:
+def compare_predictions(
+    adapter_probs: np.ndarray, merged_probs: np.ndarray, dtype: str = "fp32", decision: Decision | None = None
+) -> ExportCheck:
     """Predictions must be equal; a disagreement counts only where the adapter was at a tie: its top two
     classes within the margin, or (multi_label) a label's probability within the margin of its threshold."""
     decision, margin = decision or Decision(), TIE_MARGINS[dtype]
@@ -74,13 +83,19 @@ def compare_predictions(adapter_probs: np.ndarray, merged_probs: np.ndarray, dty
         top2 = np.sort(adapter_probs, axis=1)[:, -2:]
         real = differ & ((top2[:, 1] - top2[:, 0]) > margin)
     gap = float(np.abs(adapter_probs - merged_probs).max()) if len(adapter_probs) else 0.0
-    return ExportCheck(examples=int(len(adapter_probs)), predictions_equal=bool(not real.any() and np.isfinite(gap)),
-                       disagreements=int(differ.sum()), disagreements_beyond_ties=int(real.sum()),
-                       max_probability_difference=gap, dtype=dtype)
+    return ExportCheck(
+        examples=int(len(adapter_probs)),
+        predictions_equal=bool(not real.any() and np.isfinite(gap)),
+        disagreements=int(differ.sum()),
+        disagreements_beyond_ties=int(real.sum()),
+        max_probability_difference=gap,
+        dtype=dtype,
+    )
 
 
-def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], config, runtime,
-                  log=print) -> ExportCheck:
+def export_merged(
+    run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], config, runtime, log=print
+) -> ExportCheck:
     """Saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged (weights in
     `config.merge_dtype`) -> same predictions.
 
@@ -113,10 +128,14 @@ def export_merged(run: Path, model_dir: Path, id2label: dict[int, str], ids: lis
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)
     check = compare_predictions(adapter_probs, probabilities(standalone), dtype, decision)
     if not check.predictions_equal:
-        raise LoraclsError(f"the merged model disagrees with the adapter on {check.disagreements_beyond_ties} of "
-                           f"{check.examples} test examples; {run / runs.MERGED} is not a faithful export")
-    log(f"export: merged model ({dtype} weights) in {run / runs.MERGED}; test predictions equal the adapter's "
-        f"(computed in fp32, max probability difference {check.max_probability_difference:.2e})")
+        raise LoraclsError(
+            f"the merged model disagrees with the adapter on {check.disagreements_beyond_ties} of "
+            f"{check.examples} test examples; {run / runs.MERGED} is not a faithful export"
+        )
+    log(
+        f"export: merged model ({dtype} weights) in {run / runs.MERGED}; test predictions equal the adapter's "
+        f"(computed in fp32, max probability difference {check.max_probability_difference:.2e})"
+    )
     return check
 
 

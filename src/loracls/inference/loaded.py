@@ -7,11 +7,23 @@ from loracls.data.splits import labelled_split, load_dataset
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 from loracls.inference.engine import Classifier
-from loracls.metrics import ClassificationMetrics, MultiLabelMetrics, evaluation_metrics, format_metrics, prediction_rows
+from loracls.metrics import (
+    ClassificationMetrics,
+    MultiLabelMetrics,
+    evaluation_metrics,
+    format_metrics,
+    prediction_rows,
+)
 
 
-def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int | None = None,
-             device: str | None = None, precision: str | None = None) -> ClassificationMetrics | MultiLabelMetrics:
+def evaluate(
+    run_path: str,
+    data: str | None = None,
+    log=print,
+    batch_size: int | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+) -> ClassificationMetrics | MultiLabelMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
     classifier = Classifier(run_path, log, batch_size, device, precision)
@@ -20,19 +32,26 @@ def evaluate(run_path: str, data: str | None = None, log=print, batch_size: int 
     else:
         label2id = {name: i for i, name in classifier.id2label.items()}
         split = labelled_split(read_table(data), config, label2id, data)
-    metrics = evaluation_metrics(split.labels, classifier.probabilities(split.texts, progress=True),
-                                 classifier.id2label, classifier.decision)
+    metrics = evaluation_metrics(
+        split.labels, classifier.probabilities(split.texts, progress=True), classifier.id2label, classifier.decision
+    )
     log(format_metrics(metrics))
     return metrics
 
 
-def predict(run_path: str, texts: list[str], log=print, batch_size: int | None = None, device: str | None = None,
-            precision: str | None = None) -> list[dict]:
+def predict(
+    run_path: str,
+    texts: list[str],
+    log=print,
+    batch_size: int | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+) -> list[dict]:
     if not texts:
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
     classifier = Classifier(run_path, log, batch_size, device, precision)
-    return prediction_rows(texts, None, classifier.probabilities(texts, progress=True), classifier.id2label,
-                           classifier.decision)
-
+    return prediction_rows(
+        texts, None, classifier.probabilities(texts, progress=True), classifier.id2label, classifier.decision
+    )

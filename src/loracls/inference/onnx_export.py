@@ -50,17 +50,28 @@ def _export(model, example: dict, target: Path) -> None:
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     try:
-        program = torch.onnx.export(_Logits(model).eval(), (), kwargs=example, dynamo=True, dynamic_shapes=shapes,
-                                    input_names=["input_ids", "attention_mask"], output_names=["logits"], verbose=False)
+        program = torch.onnx.export(
+            _Logits(model).eval(),
+            (),
+            kwargs=example,
+            dynamo=True,
+            dynamic_shapes=shapes,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            verbose=False,
+        )
     except Exception as exc:
-        raise LoraclsError(f"the ONNX exporter (torch {torch.__version__}) cannot export this model: "
-                           f"{type(exc).__name__}: {first_line(exc, 240)}") from None
+        raise LoraclsError(
+            f"the ONNX exporter (torch {torch.__version__}) cannot export this model: "
+            f"{type(exc).__name__}: {first_line(exc, 240)}"
+        ) from None
     program.save(str(target), external_data=True)  # a full disk here is said as such by replace_dir
 
 
 def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
-    return batched_logits(ids, pad_id, batch_size,
-                          lambda batch: session.run(None, {k: v.numpy() for k, v in batch.items()})[0])
+    return batched_logits(
+        ids, pad_id, batch_size, lambda batch: session.run(None, {k: v.numpy() for k, v in batch.items()})[0]
+    )
 
 
 def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool = False) -> dict:
@@ -89,8 +100,15 @@ def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool 
         _export(classifier.model, example, staging / "model.onnx")
         classifier.tokenizer.save_pretrained(staging)
         decision = classifier.decision
-        InputFormat(classifier.input_template, classifier.max_length, classifier.long_text, classifier.chunk_stride,
-                    decision.temperature, decision.problem, decision.thresholds).write(staging)
+        InputFormat(
+            classifier.input_template,
+            classifier.max_length,
+            classifier.long_text,
+            classifier.chunk_stride,
+            decision.temperature,
+            decision.problem,
+            decision.thresholds,
+        ).write(staging)
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
     files.replace_dir(target, fill, "the ONNX export")
@@ -103,17 +121,26 @@ def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool 
     onnx_seconds = time.perf_counter() - started
     a, b = (classifier.calibrated(encoded.per_text(logits)) for logits in (torch_logits, onnx_logits))
     agree = classifier.decision.chosen(a) == classifier.decision.chosen(b)
-    check = {"format": "onnx", "file": str(target / "model.onnx"), "examples": len(a),
-             "max_probability_difference": float(np.abs(a - b).max()),
-             "label_agreement": float(agree.all(axis=1).mean() if agree.ndim == 2 else agree.mean()),
-             "torch_texts_per_second": len(a) / torch_seconds, "onnxruntime_texts_per_second": len(a) / onnx_seconds}
+    check = {
+        "format": "onnx",
+        "file": str(target / "model.onnx"),
+        "examples": len(a),
+        "max_probability_difference": float(np.abs(a - b).max()),
+        "label_agreement": float(agree.all(axis=1).mean() if agree.ndim == 2 else agree.mean()),
+        "torch_texts_per_second": len(a) / torch_seconds,
+        "onnxruntime_texts_per_second": len(a) / onnx_seconds,
+    }
     files.write_json(target / "export_check.json", check)
-    log(f"export: {target / 'model.onnx'}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max "
+    log(
+        f"export: {target / 'model.onnx'}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max "
         f"probability difference {check['max_probability_difference']:.2e}, labels agree on "
         f"{100 * check['label_agreement']:.2f}%; {check['onnxruntime_texts_per_second']:.1f} vs "
-        f"{check['torch_texts_per_second']:.1f} texts/s")
+        f"{check['torch_texts_per_second']:.1f} texts/s"
+    )
     if check["max_probability_difference"] > MATCH_TOLERANCE:
         shutil.rmtree(target, ignore_errors=True)
-        raise LoraclsError(f"the ONNX model differs from PyTorch by {check['max_probability_difference']:.2e} in "
-                           f"probability (tolerance {MATCH_TOLERANCE}); not kept")
+        raise LoraclsError(
+            f"the ONNX model differs from PyTorch by {check['max_probability_difference']:.2e} in "
+            f"probability (tolerance {MATCH_TOLERANCE}); not kept"
+        )
     return check

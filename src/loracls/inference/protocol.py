@@ -2,14 +2,15 @@
 answers (so `/openapi.json` documents them all). The shapes are vLLM's (`/classify`) and
 text-embeddings-inference's (`/predict`, and its error body `{"error", "error_type"}` with TEI's codes).
 
-| status | error_type        | when                                                                      |
-|--------|-------------------|---------------------------------------------------------------------------|
-| 404    | NotFound          | an unknown route, or `/classify` naming a `model` that is not the served one |
-| 405    | MethodNotAllowed  | a known route with another method                                         |
-| 413    | Validation        | a body over `--max-body-bytes`; more texts than `--max-client-batch-size` or than the queue can ever hold; a text over max_length with `"truncate": false` |
-| 422    | Validation        | a body that is not the route's JSON: no text, an empty text, a wrong type, text that is not valid Unicode |
-| 429    | Overloaded        | the queue is full now (with `Retry-After`): retrying later succeeds      |
-| 500    | Backend           | the model failed on a batch; the server keeps serving                     |
+Statuses (error_type):
+- 404 (NotFound): an unknown route, or `/classify` naming a `model` that is not the served one
+- 405 (MethodNotAllowed): a known route with another method
+- 413 (Validation): a body over `--max-body-bytes`; more texts than `--max-client-batch-size` or than the
+  queue can ever hold; a text over max_length with `"truncate": false`
+- 422 (Validation): a body that is not the route's JSON: no text, an empty text, a wrong type, text that is
+  not valid Unicode
+- 429 (Overloaded): the queue is full now (with `Retry-After`): retrying later succeeds
+- 500 (Backend): the model failed on a batch; the server keeps serving
 """
 
 from __future__ import annotations
@@ -18,8 +19,19 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-__all__ = ["ClassifyRequest", "ClassifyResponse", "ClassifyItem", "Usage", "PredictRequest", "LabelScore",
-           "ErrorResponse", "HealthResponse", "InfoResponse", "ERRORS", "check_texts"]
+__all__ = [
+    "ClassifyRequest",
+    "ClassifyResponse",
+    "ClassifyItem",
+    "Usage",
+    "PredictRequest",
+    "LabelScore",
+    "ErrorResponse",
+    "HealthResponse",
+    "InfoResponse",
+    "ERRORS",
+    "check_texts",
+]
 
 TextOrTexts = str | list[str]
 
@@ -41,6 +53,7 @@ def check_texts(value: TextOrTexts) -> TextOrTexts:
 
 class ClassifyRequest(BaseModel):
     """vLLM's classification request."""
+
     model: str | None = Field(None, description="the served model's name (`GET /info`); another name is a 404")
     input: TextOrTexts = Field(description="one text or a list of texts")
 
@@ -49,10 +62,14 @@ class ClassifyRequest(BaseModel):
 
 class PredictRequest(BaseModel):
     """text-embeddings-inference's /predict request."""
+
     inputs: TextOrTexts = Field(description="one text or a list of texts")
     raw_scores: bool = Field(False, description="logits instead of calibrated probabilities")
-    truncate: bool | None = Field(None, description="false: a text over max_length is a 413; unset or true: "
-                                                    "truncated as in training (TEI's default is false)")
+    truncate: bool | None = Field(
+        None,
+        description="false: a text over max_length is a 413; unset or true: "
+        "truncated as in training (TEI's default is false)",
+    )
 
     _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
 
@@ -92,6 +109,7 @@ class LabelScore(BaseModel):
 
 class ErrorResponse(BaseModel):
     """Every error's body, in text-embeddings-inference's shape."""
+
     error: str
     error_type: Literal["NotFound", "MethodNotAllowed", "Validation", "Overloaded", "Backend"]
 
@@ -119,8 +137,13 @@ class InfoResponse(BaseModel):
 
 
 def _documented(*codes: int) -> dict:
-    described = {404: "unknown route, or another model's name", 413: "too large", 422: "not the route's JSON",
-                 429: "queue full now; retry after Retry-After seconds", 500: "the model failed on this batch"}
+    described = {
+        404: "unknown route, or another model's name",
+        413: "too large",
+        422: "not the route's JSON",
+        429: "queue full now; retry after Retry-After seconds",
+        500: "the model failed on this batch",
+    }
     return {code: {"model": ErrorResponse, "description": described[code]} for code in codes}
 
 

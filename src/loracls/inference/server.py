@@ -31,8 +31,15 @@ from starlette.exceptions import HTTPException
 
 from loracls.errors import first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
-from loracls.inference.protocol import (ERRORS, ClassifyRequest, ClassifyResponse, HealthResponse, InfoResponse,
-                                        LabelScore, PredictRequest)
+from loracls.inference.protocol import (
+    ERRORS,
+    ClassifyRequest,
+    ClassifyResponse,
+    HealthResponse,
+    InfoResponse,
+    LabelScore,
+    PredictRequest,
+)
 
 # A gathered batch mixes lengths; cutting it where padding would pass this many tokens per forward pass was
 # measured at 22-26 texts/s against 19-21 uncut (Rotten Tomatoes snippets, concurrency 32, this 2-core CPU).
@@ -49,10 +56,19 @@ class _Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("loracls_requests", "HTTP requests", ["route", "status"], registry=self.registry)
         self.texts = Counter("loracls_texts", "texts classified", registry=self.registry)
-        self.batch_size = Histogram("loracls_batch_size", "texts per forward pass", registry=self.registry,
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-        self.latency = Histogram("loracls_request_latency_seconds", "request latency", ["route"], registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.batch_size = Histogram(
+            "loracls_batch_size",
+            "texts per forward pass",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        )
+        self.latency = Histogram(
+            "loracls_request_latency_seconds",
+            "request latency",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         self.queued = Gauge("loracls_queued_texts", "texts waiting or in the model", registry=self.registry)
 
 
@@ -92,8 +108,14 @@ class _TooManyTexts(Exception):
     """A request with more texts than max_client_batch_size (HTTP 413)."""
 
 
-def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, max_queue: int = 4096,
-               max_body_bytes: int = 4 * 2**20, max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE) -> FastAPI:
+def create_app(
+    classifier,
+    max_batch_size: int = 64,
+    max_wait_ms: float = 5.0,
+    max_queue: int = 4096,
+    max_body_bytes: int = 4 * 2**20,
+    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE,
+) -> FastAPI:
     metrics = _Metrics()
     score = functools.partial(classifier.logits, max_tokens=SERVE_MAX_TOKENS)
     batcher = Batcher(score, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
@@ -117,8 +139,10 @@ def create_app(classifier, max_batch_size: int = 64, max_wait_ms: float = 5.0, m
         try:
             response = await call_next(request)
         except Exception as exc:  # a failure of ours or of the model: a 500 in TEI's shape, one log line
-            print(f"loracls serve: 500 on {request.url.path}: {type(exc).__name__}: {first_line(exc, 200)}",
-                  file=sys.stderr)
+            print(
+                f"loracls serve: 500 on {request.url.path}: {type(exc).__name__}: {first_line(exc, 200)}",
+                file=sys.stderr,
+            )
             response = error(500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
         route = request.scope.get("route")  # the route's template: an unknown path makes no new series
         name = route.path if route is not None else "unmatched"
@@ -139,16 +163,27 @@ async def _logits(batcher: Batcher, encoded, metrics) -> np.ndarray:
 
 def _usage(classifier, encoded) -> dict:
     long = sum(encoded.long)
-    return {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens, "completion_tokens": 0,
-            "prompt_tokens_details": None, "max_length": classifier.max_length, "long_text": classifier.long_text,
-            "long_inputs": long, "truncated_inputs": 0 if classifier.long_text == "chunks" else long}
+    return {
+        "prompt_tokens": encoded.tokens,
+        "total_tokens": encoded.tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+        "max_length": classifier.max_length,
+        "long_text": classifier.long_text,
+        "long_inputs": long,
+        "truncated_inputs": 0 if classifier.long_text == "chunks" else long,
+    }
 
 
 def _classified(classifier, index: int, probs: np.ndarray) -> dict:
     """One /classify item: vLLM's fields (`label` the most probable label), plus for multi_label `labels`,
     every label at or above its threshold (maybe none)."""
-    item = {"index": index, "label": classifier.labels[int(probs.argmax())], "probs": [float(p) for p in probs],
-            "num_classes": len(classifier.labels)}
+    item = {
+        "index": index,
+        "label": classifier.labels[int(probs.argmax())],
+        "probs": [float(p) for p in probs],
+        "num_classes": len(classifier.labels),
+    }
     if classifier.multi_label:
         item["labels"] = classifier.predicted(probs)
     return item
@@ -164,30 +199,42 @@ def _texts(app: FastAPI, value: str | list[str]) -> list[str]:
 def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     labels = classifier.labels
 
-    @app.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True,
-              responses=ERRORS["classify"])
+    @app.post(
+        "/classify", response_model=ClassifyResponse, response_model_exclude_none=True, responses=ERRORS["classify"]
+    )
     async def classify(body: ClassifyRequest):
         if body.model is not None and body.model != classifier.name:
-            return error(404, "NotFound", f"The model `{body.model}` does not exist; this server serves "
-                                          f"`{classifier.name}`")
+            return error(
+                404, "NotFound", f"The model `{body.model}` does not exist; this server serves `{classifier.name}`"
+            )
         encoded = classifier.encode(_texts(app, body.input))
         probs = classifier.calibrated(await _logits(batcher, encoded, metrics))
-        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": classifier.name,
-                "data": [_classified(classifier, i, row) for i, row in enumerate(probs)],
-                "usage": _usage(classifier, encoded)}
+        return {
+            "id": f"classify-{uuid.uuid4().hex}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": classifier.name,
+            "data": [_classified(classifier, i, row) for i, row in enumerate(probs)],
+            "usage": _usage(classifier, encoded),
+        }
 
     @app.post("/predict", response_model=list[LabelScore] | list[list[LabelScore]], responses=ERRORS["predict"])
     async def predict(body: PredictRequest):
         single = isinstance(body.inputs, str)
         encoded = classifier.encode(_texts(app, body.inputs))
         if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
-            return error(413, "Validation", f"input {encoded.long.index(True)} is longer than max_length "
-                                            f"{classifier.max_length} tokens and truncate is false")
+            return error(
+                413,
+                "Validation",
+                f"input {encoded.long.index(True)} is longer than max_length "
+                f"{classifier.max_length} tokens and truncate is false",
+            )
         logits = await _logits(batcher, encoded, metrics)
         scores = logits if body.raw_scores else classifier.calibrated(logits)
-        rows = [sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
-                for row in np.asarray(scores)]
+        rows = [
+            sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
+            for row in np.asarray(scores)
+        ]
         usage = _usage(classifier, encoded)
         return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(usage["truncated_inputs"])})
 
@@ -197,13 +244,23 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
 
     @app.get("/info", response_model=InfoResponse)
     async def info():
-        return {"model": classifier.name, "source": classifier.source, "labels": labels,
-                "max_length": classifier.max_length, "input_template": classifier.input_template,
-                "problem": classifier.decision.problem, "temperature": classifier.temperature,
-                "thresholds": classifier.decision.thresholds, "long_text": classifier.long_text,
-                "precision": classifier.precision, "device": str(classifier.runtime.device),
-                "max_batch_size": batcher.max_batch_size, "max_client_batch_size": app.state.max_client_batch_size,
-                "max_wait_ms": batcher.max_wait * 1000, "max_queue": batcher.max_queue}
+        return {
+            "model": classifier.name,
+            "source": classifier.source,
+            "labels": labels,
+            "max_length": classifier.max_length,
+            "input_template": classifier.input_template,
+            "problem": classifier.decision.problem,
+            "temperature": classifier.temperature,
+            "thresholds": classifier.decision.thresholds,
+            "long_text": classifier.long_text,
+            "precision": classifier.precision,
+            "device": str(classifier.runtime.device),
+            "max_batch_size": batcher.max_batch_size,
+            "max_client_batch_size": app.state.max_client_batch_size,
+            "max_wait_ms": batcher.max_wait * 1000,
+            "max_queue": batcher.max_queue,
+        }
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     async def prometheus():
@@ -222,8 +279,12 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):  # unknown routes, wrong methods
-        return error(exc.status_code, _HTTP_KINDS.get(exc.status_code, "Validation"), str(exc.detail),
-                     headers=getattr(exc, "headers", None))
+        return error(
+            exc.status_code,
+            _HTTP_KINDS.get(exc.status_code, "Validation"),
+            str(exc.detail),
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(_TooManyTexts)
     @app.exception_handler(TooLarge)
@@ -249,8 +310,17 @@ def listening_socket(host: str, port: int):
     return sock
 
 
-def serve(classifier, host: str, port: int, max_batch_size: int, max_wait_ms: float, max_queue: int,
-          max_body_bytes: int, log=print, max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE) -> None:
+def serve(
+    classifier,
+    host: str,
+    port: int,
+    max_batch_size: int,
+    max_wait_ms: float,
+    max_queue: int,
+    max_body_bytes: int,
+    log=print,
+    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE,
+) -> None:
     """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
     import signal
 
@@ -259,9 +329,11 @@ def serve(classifier, host: str, port: int, max_batch_size: int, max_wait_ms: fl
     app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes, max_client_batch_size)
     sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
     bound = sock.getsockname()[1]
-    log(f"serve: {classifier.name} ({', '.join(classifier.labels)}) on {classifier.runtime.device}, "
+    log(
+        f"serve: {classifier.name} ({', '.join(classifier.labels)}) on {classifier.runtime.device}, "
         f"{classifier.precision}; listening on http://{host}:{bound} (max batch {max_batch_size}, "
-        f"max wait {max_wait_ms:g} ms)")
+        f"max wait {max_wait_ms:g} ms)"
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handlers it
     # found: with these no-op ones that second raise ends nothing, and `serve` returns (exit code 0)

@@ -23,13 +23,16 @@ from loracls.verdict import LadderRow, Verdict, decide, format_table
 
 __all__ = ["Ladder", "run_ladder", "zero_shot_skip_reason", "verdict_of", "ZERO_SHOT_MULTI_LABEL"]
 
-ZERO_SHOT_MULTI_LABEL = ("it picks one label word after a prompt, and a multi_label text may carry several "
-                         "labels or none (TF-IDF one-vs-rest and the encoder stay)")
+ZERO_SHOT_MULTI_LABEL = (
+    "it picks one label word after a prompt, and a multi_label text may carry several "
+    "labels or none (TF-IDF one-vs-rest and the encoder stay)"
+)
 
 
 @dataclass
 class Ladder:
     """The baselines' records (None: not run) and what was left out, and why."""
+
     zero_shot: BaselineRecord | None = None
     tfidf: TfidfRecord | None = None
     encoder: EncoderRecord | None = None
@@ -55,8 +58,9 @@ def zero_shot_skip_reason(config: Config, id2label: dict[int, str]) -> str | Non
     return codes_reason(codes) if codes else None
 
 
-def run_ladder(config: Config, dataset: Dataset, runtime, model_dir: Path, tokenizer, run: Path | None,
-               log=print) -> Ladder:
+def run_ladder(
+    config: Config, dataset: Dataset, runtime, model_dir: Path, tokenizer, run: Path | None, log=print
+) -> Ladder:
     """Every baseline the config names, on the test split; with `run`, each record is written there (and
     read back where a resumed run already has it)."""
     ladder = Ladder()
@@ -66,13 +70,18 @@ def run_ladder(config: Config, dataset: Dataset, runtime, model_dir: Path, token
             log(f"baseline: zero-shot skipped: {reason}")
             ladder.skipped.append(SkippedBaseline("zero_shot", reason))
         else:
-            ladder.zero_shot = _cached(run, runs.BASELINE, runs.read_baseline,
-                                       lambda: _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log))
+            ladder.zero_shot = _cached(
+                run,
+                runs.BASELINE,
+                runs.read_baseline,
+                lambda: _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log),
+            )
     if "tfidf" in config.baselines:
         ladder.tfidf = _cached(run, runs.TFIDF, runs.read_tfidf, lambda: run_tfidf(dataset, config.seed, log))
     if "encoder" in config.baselines:
-        ladder.encoder = _cached(run, runs.ENCODER, runs.read_encoder,
-                                 lambda: run_encoder(dataset, config, runtime, log))
+        ladder.encoder = _cached(
+            run, runs.ENCODER, runs.read_encoder, lambda: run_encoder(dataset, config, runtime, log)
+        )
     return ladder
 
 
@@ -87,11 +96,14 @@ def _cached(run: Path | None, name: str, read, compute):
 
 def _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log) -> BaselineRecord:
     test = dataset.test
-    result, plain, _ = run_baseline(model_dir, tokenizer, test.texts, test.labels, dataset.id2label, config,
-                                    runtime, log)
+    result, plain, _ = run_baseline(
+        model_dir, tokenizer, test.texts, test.labels, dataset.id2label, config, runtime, log
+    )
     if run is not None:
-        files.write_jsonl(run / runs.PREDICTIONS / "baseline_test.jsonl",
-                          prediction_rows(test.texts, test.labels, plain, dataset.id2label))
+        files.write_jsonl(
+            run / runs.PREDICTIONS / "baseline_test.jsonl",
+            prediction_rows(test.texts, test.labels, plain, dataset.id2label),
+        )
     return result
 
 
@@ -101,21 +113,51 @@ def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by:
     if ladder.zero_shot is not None:
         zero = ladder.zero_shot
         common = dict(train_seconds=0.0, texts_per_second=zero.texts_per_second, parameters=zero.parameters)
-        rows += [LadderRow("zero-shot", zero.zero_shot.accuracy, zero.zero_shot.macro_f1, **common,
-                           detail="the base LM scores each label's word after a prompt"),
-                 LadderRow("zero-shot, calibrated", zero.calibrated.accuracy, zero.calibrated.macro_f1,
-                           ece=zero.calibrated_ece, **common, detail="content-free prompt correction")]
+        rows += [
+            LadderRow(
+                "zero-shot",
+                zero.zero_shot.accuracy,
+                zero.zero_shot.macro_f1,
+                **common,
+                detail="the base LM scores each label's word after a prompt",
+            ),
+            LadderRow(
+                "zero-shot, calibrated",
+                zero.calibrated.accuracy,
+                zero.calibrated.macro_f1,
+                ece=zero.calibrated_ece,
+                **common,
+                detail="content-free prompt correction",
+            ),
+        ]
     if ladder.tfidf is not None:
         tfidf = ladder.tfidf
-        rows.append(LadderRow("TF-IDF", tfidf.test.accuracy, tfidf.test.macro_f1, ece=tfidf.ece,
-                              train_seconds=tfidf.seconds, texts_per_second=tfidf.texts_per_second,
-                              parameters=tfidf.parameters, detail=f"+ logistic regression, C={tfidf.c:g}"))
+        rows.append(
+            LadderRow(
+                "TF-IDF",
+                tfidf.test.accuracy,
+                tfidf.test.macro_f1,
+                ece=tfidf.ece,
+                train_seconds=tfidf.seconds,
+                texts_per_second=tfidf.texts_per_second,
+                parameters=tfidf.parameters,
+                detail=f"+ logistic regression, C={tfidf.c:g}",
+            )
+        )
     if ladder.encoder is not None:
         enc = ladder.encoder
-        rows.append(LadderRow("encoder", enc.test.accuracy, enc.test.macro_f1, ece=enc.test_ece,
-                              train_seconds=enc.train_seconds, texts_per_second=enc.texts_per_second,
-                              parameters=enc.parameters,
-                              detail=f"{enc.model} fine-tuned, best epoch {enc.best_epoch}/{enc.epochs}"))
+        rows.append(
+            LadderRow(
+                "encoder",
+                enc.test.accuracy,
+                enc.test.macro_f1,
+                ece=enc.test_ece,
+                train_seconds=enc.train_seconds,
+                texts_per_second=enc.texts_per_second,
+                parameters=enc.parameters,
+                detail=f"{enc.model} fine-tuned, best epoch {enc.best_epoch}/{enc.epochs}",
+            )
+        )
     return decide(rows + [lora], examples, select_by)
 
 

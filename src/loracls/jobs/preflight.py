@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loracls.config import Config
 from loracls.compat import FAIL, check_arch, require_bitsandbytes
+from loracls.config import Config
 from loracls.errors import LoraclsError
 from loracls.hardware import backend_name, gather_facts
 

@@ -15,27 +15,32 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.calibration import CalibrationRecord, calibrate
 from loracls.baselines.encoder import check_encoder
 from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
-from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
+from loracls.calibration import CalibrationRecord, calibrate
 from loracls.config import Config, from_dict
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
+from loracls.decision import Decision, sigmoid, tune_thresholds
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
+from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.jobs.preflight import preflight
-from loracls.decision import Decision, sigmoid, tune_thresholds
-from loracls.metrics import (ClassificationMetrics, MultiLabelMetrics, evaluation_metrics, format_metrics,
-                             prediction_rows)
+from loracls.metrics import (
+    ClassificationMetrics,
+    MultiLabelMetrics,
+    evaluation_metrics,
+    format_metrics,
+    prediction_rows,
+)
 from loracls.model.classifier import LoadedModel, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.runs import Metrics, ModelSummary, TrainSummary, ValidationSummary
-from loracls.verdict import LadderRow
 from loracls.training import distributed
 from loracls.training.loop import Trainer, TrainResult
+from loracls.verdict import LadderRow
 
 
 @dataclass
@@ -74,19 +79,38 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     summary = _model_summary(job)
     del job.model, job.loaded  # the export starts from the saved adapter
     export = _export(job, encoded["test"].ids)
-    lora = LadderRow("LoRA", test.accuracy, test.macro_f1, ece=calibration.after.ece if calibration else None,
-                     train_seconds=result.seconds, texts_per_second=texts_per_second, parameters=summary.parameters,
-                     detail=f"{job.config.model}, r={job.config.r}, {summary.lora_modules} modules")
-    metrics = Metrics(test=test, validation=ValidationSummary(result.best_validation_accuracy, result.best_step,
-                                                              job.config.select_by),
-                      train=TrainSummary(result.steps, result.stopped_early, result.seconds, result.train_tokens,
-                                         result.tokens_per_second, result.mfu),
-                      model=summary, data=job.dataset.class_counts(), wall_seconds=time.perf_counter() - started,
-                      baseline=ladder.summary() if ladder is not None else None,
-                      export=export, data_notes=job.dataset.notes,
-                      long_texts={name: sum(split.long) for name, split in job.encoded.items()}, calibration=calibration,
-                      problem=job.config.problem,
-                      verdict=verdict_of(ladder, lora, test.examples, job.config.select_by))
+    lora = LadderRow(
+        "LoRA",
+        test.accuracy,
+        test.macro_f1,
+        ece=calibration.after.ece if calibration else None,
+        train_seconds=result.seconds,
+        texts_per_second=texts_per_second,
+        parameters=summary.parameters,
+        detail=f"{job.config.model}, r={job.config.r}, {summary.lora_modules} modules",
+    )
+    metrics = Metrics(
+        test=test,
+        validation=ValidationSummary(result.best_validation_accuracy, result.best_step, job.config.select_by),
+        train=TrainSummary(
+            result.steps,
+            result.stopped_early,
+            result.seconds,
+            result.train_tokens,
+            result.tokens_per_second,
+            result.mfu,
+        ),
+        model=summary,
+        data=job.dataset.class_counts(),
+        wall_seconds=time.perf_counter() - started,
+        baseline=ladder.summary() if ladder is not None else None,
+        export=export,
+        data_notes=job.dataset.notes,
+        long_texts={name: sum(split.long) for name, split in job.encoded.items()},
+        calibration=calibration,
+        problem=job.config.problem,
+        verdict=verdict_of(ladder, lora, test.examples, job.config.select_by),
+    )
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     runs.remove_leftovers(job.run)
@@ -113,8 +137,12 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
     check_verbalizers(config, dataset.id2label)
-    if config.baseline and "zero_shot" in config.baselines and not config.multi_label \
-            or config.head_init == "verbalizer":
+    if (
+        config.baseline
+        and "zero_shot" in config.baselines
+        and not config.multi_label
+        or config.head_init == "verbalizer"
+    ):
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
     if config.baseline and "encoder" in config.baselines and distributed.is_main():
         check_encoder(config.encoder_model, log)  # a bad encoder_model is refused before anything is written
@@ -122,8 +150,14 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     model_dir = resolve_model_dir(config.model, log)
     check_max_length(model_dir, config.max_length)
     torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
-    loaded = load_classifier(model_dir, dataset.id2label, log=log, quantization=config.quantization,
-                             head_init="random" if config.head_init == "random" else "zero", problem=config.problem)
+    loaded = load_classifier(
+        model_dir,
+        dataset.id2label,
+        log=log,
+        quantization=config.quantization,
+        head_init="random" if config.head_init == "random" else "zero",
+        problem=config.problem,
+    )
     if config.head_init == "verbalizer":
         _verbalizer_head(loaded, config, dataset, log)
     model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
@@ -157,8 +191,10 @@ def _verbalizer_head(loaded: LoadedModel, config: Config, dataset: Dataset, log)
     ids = [loaded.tokenizer(" " + word, add_special_tokens=False)["input_ids"] for word in words]
     init_head_from_verbalizers(loaded.model, loaded.model_dir, [token[0] for token in ids])
     several = [w for w, token in zip(words, ids) if len(token) > 1]
-    log(f"head: initialised from the LM head rows of the verbalizers {', '.join(words)}"
-        + (f" (first token only for {', '.join(several)})" if several else ""))
+    log(
+        f"head: initialised from the LM head rows of the verbalizers {', '.join(words)}"
+        + (f" (first token only for {', '.join(several)})" if several else "")
+    )
 
 
 def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, Encoded]:
@@ -171,9 +207,11 @@ def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str
         encoded[name] = encoder.encode(texts)
         count = sum(encoded[name].long)
         if count:
-            note = (f"data: {count} of {len(texts)} {name} texts ({100 * count / len(texts):.1f}%) are "
-                    f"longer than max_length {config.max_length} tokens and are {done[config.long_text]} "
-                    f"(long_text: {config.long_text})")
+            note = (
+                f"data: {count} of {len(texts)} {name} texts ({100 * count / len(texts):.1f}%) are "
+                f"longer than max_length {config.max_length} tokens and are {done[config.long_text]} "
+                f"(long_text: {config.long_text})"
+            )
             dataset.notes.append(note)
             log(note)
     return encoded
@@ -204,9 +242,11 @@ def _fit(job: Job) -> TrainResult:
     if job.resumed:
         trainer.load_checkpoint()
     result = trainer.fit()
-    job.log(f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s"
-            + (f" (MFU {100 * result.mfu:.1f}%)" if result.mfu is not None else "")
-            + f"; best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}")
+    job.log(
+        f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s"
+        + (f" (MFU {100 * result.mfu:.1f}%)" if result.mfu is not None else "")
+        + f"; best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}"
+    )
     return result
 
 
@@ -218,8 +258,11 @@ def _best_logits(job: Job, encoded: dict[str, Encoded]) -> tuple[dict[str, np.nd
     logits, seconds = {}, 0.0
     for name, split in encoded.items():
         started = time.perf_counter()
-        logits[name] = split.per_text(predict_logits(job.model, split.ids, job.loaded.tokenizer.pad_token_id,
-                                                     job.config.eval_batch_size, job.runtime))
+        logits[name] = split.per_text(
+            predict_logits(
+                job.model, split.ids, job.loaded.tokenizer.pad_token_id, job.config.eval_batch_size, job.runtime
+            )
+        )
         seconds = time.perf_counter() - started if name == "test" else seconds
     return logits, len(logits["test"]) / max(seconds, 1e-9)
 
@@ -231,32 +274,44 @@ def _decide(job: Job, logits: dict[str, np.ndarray]) -> tuple[Decision, Calibrat
     if job.dataset.multi_label:
         decision = Decision("multi_label", thresholds=tune_thresholds(sigmoid(logits["validation"]), validation.labels))
         runs.write_decision(job.run / runs.ADAPTER / runs.CALIBRATION, decision)
-        job.log("decision: per-label thresholds tuned on validation (best F1 each): " + ", ".join(
-            f"{job.dataset.id2label[k]}={t:.2f}" for k, t in enumerate(decision.thresholds)))
+        job.log(
+            "decision: per-label thresholds tuned on validation (best F1 each): "
+            + ", ".join(f"{job.dataset.id2label[k]}={t:.2f}" for k, t in enumerate(decision.thresholds))
+        )
         return decision, None
     record = calibrate(logits["validation"], validation.labels, logits["test"], test.labels)
     decision = Decision(temperature=record.temperature)
     runs.write_decision(job.run / runs.ADAPTER / runs.CALIBRATION, decision)
-    job.log(record.note and f"calibration: {record.note}" or
-            f"calibration: temperature {record.temperature:.3f} (fitted on validation); test ECE "
-            f"{record.before.ece:.4f} -> {record.after.ece:.4f}, Brier {record.before.brier:.4f} -> "
-            f"{record.after.brier:.4f}")
+    job.log(
+        record.note
+        and f"calibration: {record.note}"
+        or f"calibration: temperature {record.temperature:.3f} (fitted on validation); test ECE "
+        f"{record.before.ece:.4f} -> {record.after.ece:.4f}, Brier {record.before.brier:.4f} -> "
+        f"{record.after.brier:.4f}"
+    )
     return decision, record
 
 
 def _write_test(job: Job, probs: np.ndarray, decision: Decision) -> ClassificationMetrics | MultiLabelMetrics:
     test = job.dataset.test
     metrics = evaluation_metrics(test.labels, probs, job.dataset.id2label, decision)
-    files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl",
-                      prediction_rows(test.texts, test.labels, probs, job.dataset.id2label, decision))
+    files.write_jsonl(
+        job.run / runs.PREDICTIONS / "test.jsonl",
+        prediction_rows(test.texts, test.labels, probs, job.dataset.id2label, decision),
+    )
     job.log("test:\n" + format_metrics(metrics))
     return metrics
 
 
 def _model_summary(job: Job) -> ModelSummary:
-    return ModelSummary(source=job.config.model, directory=str(job.model_dir), hidden_size=job.loaded.hidden_size,
-                        parameters=job.loaded.parameters, trainable_parameters=job.lora.trainable,
-                        lora_modules=len(job.lora.matched))
+    return ModelSummary(
+        source=job.config.model,
+        directory=str(job.model_dir),
+        hidden_size=job.loaded.hidden_size,
+        parameters=job.loaded.parameters,
+        trainable_parameters=job.lora.trainable,
+        lora_modules=len(job.lora.matched),
+    )
 
 
 def _export(job: Job, test_ids: list[list[int]]):
@@ -268,8 +323,10 @@ def _export(job: Job, test_ids: list[list[int]]):
 def _say_done(job: Job, metrics: Metrics) -> None:
     if metrics.verdict is not None and len(metrics.verdict.rows) > 1:
         say_verdict(metrics.verdict, job.log)
-    job.log(f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}; "
-            f"metrics in {job.run / runs.METRICS}")
+    job.log(
+        f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}; "
+        f"metrics in {job.run / runs.METRICS}"
+    )
 
 
 def _quiet(*_args, **_kwargs) -> None:

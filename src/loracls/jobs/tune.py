@@ -46,6 +46,7 @@ SCORE_KEYS = {"accuracy": "validation_accuracy", "macro_f1": "validation_macro_f
 @dataclass
 class Dimension:
     """One searched setting: a float or int range (log scale or not), or a list of alternatives."""
+
     key: str
     kind: str  # log | float | int | choice
     low: float | None = None
@@ -68,8 +69,9 @@ def _dimension(key: str, spec: str) -> Dimension:
         except ValueError:
             raise LoraclsError(f"--space {key}: {kind} needs LOW:HIGH numbers, got {rest!r}") from None
         if not (math.isfinite(low) and math.isfinite(high) and low < high) or (kind == "log" and low <= 0):
-            raise LoraclsError(f"--space {key}: need finite LOW < HIGH{' and LOW > 0' if kind == 'log' else ''}, "
-                               f"got {rest!r}")
+            raise LoraclsError(
+                f"--space {key}: need finite LOW < HIGH{' and LOW > 0' if kind == 'log' else ''}, got {rest!r}"
+            )
         return Dimension(key, kind, low, high)
     choices = [parse_value(key, v) for v in split_alternatives(spec)]
     if not choices:
@@ -107,8 +109,11 @@ def _check_space(bases: list[Config], dims: list[Dimension]) -> None:
 def validation_score(run: Path, select_by: str) -> float:
     """The best checkpoint's validation score by `select_by` (higher is better: the loss is negated)."""
     best = runs.read_metrics(run).validation.best_step
-    rows = [row for row in files.read_jsonl(run / runs.TRAIN_LOG, "run file")
-            if row.get("step") == best and SCORE_KEYS[select_by] in row]
+    rows = [
+        row
+        for row in files.read_jsonl(run / runs.TRAIN_LOG, "run file")
+        if row.get("step") == best and SCORE_KEYS[select_by] in row
+    ]
     if not rows:
         raise LoraclsError(f"{run}: no validation at the best step {best} in {runs.TRAIN_LOG}")
     value = float(rows[-1][SCORE_KEYS[select_by]])
@@ -117,8 +122,10 @@ def validation_score(run: Path, select_by: str) -> float:
 
 def _trial_configs(bases: list[Config], names: list[str], values: dict, tune_dir: Path, number: int):
     trial_values = {**values, "baseline": False, "merge": False, "output_dir": str(tune_dir)}
-    return [(name, from_dict({**trial_values, "run_name": f"trial{number:03d}-{name}"}, base=base))
-            for base, name in zip(bases, names)]
+    return [
+        (name, from_dict({**trial_values, "run_name": f"trial{number:03d}-{name}"}, base=base))
+        for base, name in zip(bases, names)
+    ]
 
 
 def run_tune(bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log=print) -> Path:
@@ -130,12 +137,18 @@ def run_tune(bases: list[Config], names: list[str], dims: list[Dimension], trial
     tune_dir = Path(first.output_dir) / (first.run_name or "tune")
     tune_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name="loracls", storage=f"sqlite:///{tune_dir / 'study.db'}",
-                                load_if_exists=True, direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=first.seed))
+    study = optuna.create_study(
+        study_name="loracls",
+        storage=f"sqlite:///{tune_dir / 'study.db'}",
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=first.seed),
+    )
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    log(f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
-        + (f" ({done} done before)" if done else ""))
+    log(
+        f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
+        + (f" ({done} done before)" if done else "")
+    )
 
     def objective(trial) -> float:
         values = {dim.key: dim.suggest(trial) for dim in dims}
@@ -159,24 +172,36 @@ def _write_results(study, tune_dir: Path, dims: list[Dimension], names: list[str
 
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     columns = ["trial", *[d.key for d in dims], *[f"validation_{n}" for n in names], "mean_validation", "seconds"]
-    rows = [{"trial": t.number, **{d.key: _shown(d, t.params.get(d.key)) for d in dims},
-             **{f"validation_{n}": t.user_attrs.get(f"validation_{n}") for n in names},
-             "mean_validation": t.value,
-             "seconds": (t.datetime_complete - t.datetime_start).total_seconds()} for t in complete]
+    rows = [
+        {
+            "trial": t.number,
+            **{d.key: _shown(d, t.params.get(d.key)) for d in dims},
+            **{f"validation_{n}": t.user_attrs.get(f"validation_{n}") for n in names},
+            "mean_validation": t.value,
+            "seconds": (t.datetime_complete - t.datetime_start).total_seconds(),
+        }
+        for t in complete
+    ]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
     files.write_text(tune_dir / "results.csv", buffer.getvalue())
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in sorted(rows, key=lambda r: -r["mean_validation"])]
+    lines += [
+        "| " + " | ".join(_cell(r[c]) for c in columns) + " |"
+        for r in sorted(rows, key=lambda r: -r["mean_validation"])
+    ]
     files.write_text(tune_dir / "results.md", "\n".join(lines) + "\n")
     if complete:
         best = study.best_trial
         settings = {d.key: d.suggest(optuna.trial.FixedTrial(best.params)) for d in dims}
-        files.write_text(tune_dir / "best.yaml", f"# trial {best.number}: mean validation {best.value:.4f} over "
-                         f"{', '.join(names)} (use with --set, or merge into a config)\n"
-                         + yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
+        files.write_text(
+            tune_dir / "best.yaml",
+            f"# trial {best.number}: mean validation {best.value:.4f} over "
+            f"{', '.join(names)} (use with --set, or merge into a config)\n"
+            + yaml.safe_dump(settings, sort_keys=False, default_flow_style=None),
+        )
 
 
 def _shown(dim: Dimension, value):

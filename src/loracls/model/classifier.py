@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+)
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
@@ -38,8 +44,11 @@ def classifier_class(config) -> type:
         raise LoraclsError(f"model type {config.model_type!r} is not a decoder transformers knows")
     backbone = AutoModel._model_mapping[type(config)]
     name = backbone.__name__.removesuffix("Model") + "ForSequenceClassification"
-    return type(name, (GenericForSequenceClassification, _pretrained_base(backbone)),
-                {"config_class": type(config), "__module__": __name__, "loracls_generic_head": True})
+    return type(
+        name,
+        (GenericForSequenceClassification, _pretrained_base(backbone)),
+        {"config_class": type(config), "__module__": __name__, "loracls_generic_head": True},
+    )
 
 
 def is_generic(model_class: type) -> bool:
@@ -62,8 +71,12 @@ def quantization_kwargs(quantization: str) -> dict:
     from transformers import BitsAndBytesConfig
 
     if quantization == "4bit":
-        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                    bnb_4bit_compute_dtype=torch.bfloat16)
+        config = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
     else:
         config = BitsAndBytesConfig(load_in_8bit=True)
     return {"quantization_config": config, "device_map": {"": 0}}
@@ -78,12 +91,21 @@ def check_max_length(model_dir: Path, max_length: int) -> None:
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and max_length > positions:
-        raise LoraclsError(f"config: max_length {max_length} is beyond the model's {positions} positions "
-                           f"({model_dir}); use max_length <= {positions}")
+        raise LoraclsError(
+            f"config: max_length {max_length} is beyond the model's {positions} positions "
+            f"({model_dir}); use max_length <= {positions}"
+        )
 
 
-def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtype = torch.float32, log=print,
-                    quantization: str = "none", head_init: str = "zero", problem: str = "single_label") -> LoadedModel:
+def load_classifier(
+    model_dir: Path,
+    id2label: dict[int, str],
+    dtype: torch.dtype = torch.float32,
+    log=print,
+    quantization: str = "none",
+    head_init: str = "zero",
+    problem: str = "single_label",
+) -> LoadedModel:
     """Base decoder + a new classification head (zeros, or transformers' random init). Refuses checkpoints
     missing weights beyond the head."""
     tokenizer = load_tokenizer(model_dir, log)
@@ -100,8 +122,9 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
     config.problem_type = "multi_label_classification" if problem == "multi_label" else "single_label_classification"
     model_class = classifier_class(config)
     try:
-        model, info = model_class.from_pretrained(str(model_dir), config=config, dtype=dtype, output_loading_info=True,
-                                                  **quantization_kwargs(quantization))
+        model, info = model_class.from_pretrained(
+            str(model_dir), config=config, dtype=dtype, output_loading_info=True, **quantization_kwargs(quantization)
+        )
     except Exception as exc:
         raise LoraclsError(f"cannot load model weights from {model_dir}: {first_line(exc)}") from None
     check_loaded_weights(info, model_dir)
@@ -116,8 +139,10 @@ def load_classifier(model_dir: Path, id2label: dict[int, str], dtype: torch.dtyp
         model.resize_token_embeddings(len(tokenizer))
     hidden = config.hidden_size
     parameters = sum(p.numel() for p in model.parameters())
-    log(f"model: {model_class.__name__}{' (generic head)' if is_generic(model_class) else ''}, "
-        f"hidden size {hidden}, {parameters / 1e6:.1f}M parameters, {config.num_hidden_layers} layers")
+    log(
+        f"model: {model_class.__name__}{' (generic head)' if is_generic(model_class) else ''}, "
+        f"hidden size {hidden}, {parameters / 1e6:.1f}M parameters, {config.num_hidden_layers} layers"
+    )
     return LoadedModel(model, tokenizer, model_dir, hidden, parameters)
 
 
@@ -140,17 +165,21 @@ def check_no_offload(model) -> None:
     placement = getattr(model, "hf_device_map", None) or {}
     offloaded = sorted(name for name, where in placement.items() if str(where) in ("cpu", "disk"))
     if offloaded and any(str(where) not in ("cpu", "disk") for where in placement.values()):
-        raise LoraclsError(f"{len(offloaded)} module(s) were offloaded to CPU/disk (e.g. {offloaded[0]}): offload was "
-                           f"measured ~6x slower than gradient accumulation; lower micro_batch_size and raise "
-                           f"gradient_accumulation, or use quantization: 4bit")
+        raise LoraclsError(
+            f"{len(offloaded)} module(s) were offloaded to CPU/disk (e.g. {offloaded[0]}): offload was "
+            f"measured ~6x slower than gradient accumulation; lower micro_batch_size and raise "
+            f"gradient_accumulation, or use quantization: 4bit"
+        )
 
 
 def check_loaded_weights(info: dict, source) -> None:
     missing = [k for k in info.get("missing_keys", []) if not k.startswith(HEAD_PREFIXES)]
     if missing:
         shown = ", ".join(sorted(missing)[:3])
-        raise LoraclsError(f"checkpoint {source} is missing {len(missing)} weight(s) beyond the head (e.g. {shown}); "
-                           f"refusing to train on randomly initialised layers")
+        raise LoraclsError(
+            f"checkpoint {source} is missing {len(missing)} weight(s) beyond the head (e.g. {shown}); "
+            f"refusing to train on randomly initialised layers"
+        )
 
 
 def write_generic_module(directory: Path, model_class: type) -> None:
@@ -175,7 +204,9 @@ def write_generic_module(directory: Path, model_class: type) -> None:
 def load_standalone(directory: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load a merged model directory the way a user with plain transformers would."""
     remote_code = "auto_map" in json.loads((directory / "config.json").read_text())  # a generic-head export
-    return AutoModelForSequenceClassification.from_pretrained(str(directory), dtype=dtype, trust_remote_code=remote_code)
+    return AutoModelForSequenceClassification.from_pretrained(
+        str(directory), dtype=dtype, trust_remote_code=remote_code
+    )
 
 
 def lm_head_weight(model, model_dir: Path) -> torch.Tensor:

@@ -42,8 +42,11 @@ def match_targets(model: nn.Module, patterns: list[str]) -> list[str]:
                 re.compile(pattern)
             except re.error as exc:
                 raise LoraclsError(f"target_modules: {pattern!r} is not a valid regex ({exc})") from None
-    return [name for name, module in model.named_modules()
-            if name and any(_matches(name, p) for p in patterns) and isinstance(module, LORA_LAYER_TYPES)]
+    return [
+        name
+        for name, module in model.named_modules()
+        if name and any(_matches(name, p) for p in patterns) and isinstance(module, LORA_LAYER_TYPES)
+    ]
 
 
 def module_summary(model: nn.Module) -> list[tuple[str, str, int]]:
@@ -68,18 +71,27 @@ def check_targets(model: nn.Module, patterns: list[str]) -> list[str]:
     """Refuse targets that match nothing, only embeddings, or the head (it is trained in full instead)."""
     matched = match_targets(model, patterns)
     if not matched:
-        suffixes = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-                           if isinstance(m, nn.Linear) and not name.startswith(HEAD_NAMES)})
+        suffixes = sorted(
+            {
+                name.rsplit(".", 1)[-1]
+                for name, m in model.named_modules()
+                if isinstance(m, nn.Linear) and not name.startswith(HEAD_NAMES)
+            }
+        )
         raise LoraclsError(f"target_modules {patterns} match no module; linear modules here: {', '.join(suffixes)}")
     modules = dict(model.named_modules())
     if all(isinstance(modules[name], nn.Embedding) for name in matched):
-        raise LoraclsError(f"target_modules {patterns} match only embeddings ({', '.join(matched[:3])}); "
-                           f"LoRA there cannot change the classification; target attention/MLP projections")
+        raise LoraclsError(
+            f"target_modules {patterns} match only embeddings ({', '.join(matched[:3])}); "
+            f"LoRA there cannot change the classification; target attention/MLP projections"
+        )
     head = head_name(model)
     on_head = [name for name in matched if name == head or name.startswith(head + ".")]
     if on_head:
-        raise LoraclsError(f"target_modules {patterns} match the classification head {head!r}; "
-                           f"the head is trained in full, target the decoder's projections")
+        raise LoraclsError(
+            f"target_modules {patterns} match the classification head {head!r}; "
+            f"the head is trained in full, target the decoder's projections"
+        )
     return matched
 
 
@@ -91,22 +103,33 @@ class LoraReport:
     head: str
 
 
-def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str], log=print,
-               cheap_dropout: bool = True) -> tuple[PeftModel, LoraReport]:
+def apply_lora(
+    model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str], log=print, cheap_dropout: bool = True
+) -> tuple[PeftModel, LoraReport]:
     matched = check_targets(model, patterns)
     head = head_name(model)
-    lora_config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,
-                             target_modules=matched, modules_to_save=[head])
+    lora_config = LoraConfig(
+        task_type=TaskType.SEQ_CLS,
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=matched,
+        modules_to_save=[head],
+    )
     peft_model = get_peft_model(model, lora_config)
     if cheap_dropout:
         use_cheap_dropout(peft_model)
     report = LoraReport(matched, *count_parameters(peft_model), head)
     check_head_trainable(peft_model, head)
     folded = Counter(re.sub(r"\.\d+\.", ".*.", name) for name in matched)
-    log(f"lora: r={r} alpha={alpha:g} dropout={dropout:g}; {len(matched)} modules: "
-        + ", ".join(f"{name} x{count}" for name, count in folded.items()))
-    log(f"lora: trainable {report.trainable:,} of {report.total:,} parameters "
-        f"({100 * report.trainable / report.total:.3f}%), head {head!r} trained in full")
+    log(
+        f"lora: r={r} alpha={alpha:g} dropout={dropout:g}; {len(matched)} modules: "
+        + ", ".join(f"{name} x{count}" for name, count in folded.items())
+    )
+    log(
+        f"lora: trainable {report.trainable:,} of {report.total:,} parameters "
+        f"({100 * report.trainable / report.total:.3f}%), head {head!r} trained in full"
+    )
     return peft_model, report
 
 
@@ -148,6 +171,6 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
 def check_head_trainable(peft_model: nn.Module, head: str) -> None:
     head_params = [(n, p) for n, p in peft_model.named_parameters() if f".{head}." in f".{n}"]
     if not any(p.requires_grad for _, p in head_params):
-        raise LoraclsError(f"the classification head {head!r} is frozen: it would stay random; "
-                           f"it must be in modules_to_save")
-
+        raise LoraclsError(
+            f"the classification head {head!r} is frozen: it would stay random; it must be in modules_to_save"
+        )

@@ -14,13 +14,20 @@ from loracls.data.batching import collate, sorted_batches
 PROGRESS_FROM = 2000  # texts: below this a progress bar is noise
 
 
-def batched_logits(ids: list[list[int]], pad_id: int, batch_size: int, forward, progress: bool = False,
-                   max_tokens: int | None = None) -> np.ndarray:
+def batched_logits(
+    ids: list[list[int]], pad_id: int, batch_size: int, forward, progress: bool = False, max_tokens: int | None = None
+) -> np.ndarray:
     """Logits [n, num_labels] (float32) in the input order from `forward(padded batch) -> logits`, over
     length-sorted batches; a progress bar with texts/s on long inputs."""
     out = None
-    bar = tqdm(total=len(ids), unit="text", desc="predict", file=sys.stderr, mininterval=1.0,
-               disable=not progress or len(ids) < PROGRESS_FROM)
+    bar = tqdm(
+        total=len(ids),
+        unit="text",
+        desc="predict",
+        file=sys.stderr,
+        mininterval=1.0,
+        disable=not progress or len(ids) < PROGRESS_FROM,
+    )
     for batch_indices in sorted_batches([len(x) for x in ids], batch_size, max_tokens):
         logits = forward(collate([ids[i] for i in batch_indices], pad_id))
         if out is None:
@@ -32,13 +39,23 @@ def batched_logits(ids: list[list[int]], pad_id: int, batch_size: int, forward, 
 
 
 @torch.inference_mode()
-def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False,
-                   max_tokens: int | None = None) -> np.ndarray:
+def predict_logits(
+    model,
+    ids: list[list[int]],
+    pad_id: int,
+    batch_size: int,
+    runtime,
+    progress: bool = False,
+    max_tokens: int | None = None,
+) -> np.ndarray:
     """A torch model's logits for `ids` (see batched_logits), under the runtime's device and autocast."""
+
     def forward(batch: dict) -> np.ndarray:
         with runtime.autocast:
-            logits = model(input_ids=batch["input_ids"].to(runtime.device),
-                           attention_mask=batch["attention_mask"].to(runtime.device)).logits
+            logits = model(
+                input_ids=batch["input_ids"].to(runtime.device),
+                attention_mask=batch["attention_mask"].to(runtime.device),
+            ).logits
         return logits.float().cpu().numpy()
 
     was_training = model.training
@@ -49,8 +66,9 @@ def predict_logits(model, ids: list[list[int]], pad_id: int, batch_size: int, ru
         model.train(was_training)
 
 
-def predict_probabilities(model, ids: list[list[int]], pad_id: int, batch_size: int, runtime,
-                          progress: bool = False) -> np.ndarray:
+def predict_probabilities(
+    model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False
+) -> np.ndarray:
     """Softmax probabilities [n, num_labels] (float64) in the input order."""
     logits = predict_logits(model, ids, pad_id, batch_size, runtime, progress)
     return softmax(logits) if len(logits) else np.zeros((0, 0))

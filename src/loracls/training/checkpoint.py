@@ -25,6 +25,7 @@ _Count = Field(ge=0)
 
 class StoppingRecord(BaseModel):
     """training.stopping.EarlyStopping's fields."""
+
     model_config = _STRICT
     patience: int | None
     select_by: Literal["accuracy", "macro_f1", "loss"]
@@ -39,6 +40,7 @@ class StoppingRecord(BaseModel):
 
 class LoopRecord(BaseModel):
     """training.loop.LoopState's fields."""
+
     model_config = _STRICT
     stopping: StoppingRecord
     step: int = _Count
@@ -58,6 +60,7 @@ class RngRecord(BaseModel):
 
 class OptimizerRecord(BaseModel):
     """torch.optim's state_dict: per-parameter state (by index, or by name when gathered from shards)."""
+
     model_config = ConfigDict(strict=True, arbitrary_types_allowed=True)
     state: dict[int | str, dict[str, torch.Tensor | float | int]]
     param_groups: list[dict]
@@ -65,6 +68,7 @@ class OptimizerRecord(BaseModel):
 
 class CheckpointRecord(BaseModel):
     """checkpoint.pt: what a resumed run reads, checked in full before anything is loaded into the model."""
+
     model_config = _STRICT
     format: Literal[2]
     loop: LoopRecord
@@ -86,8 +90,10 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
     if state["cuda"] and torch.cuda.is_available():
         if len(state["cuda"]) != torch.cuda.device_count():
-            raise LoraclsError(f"the checkpoint holds RNG states of {len(state['cuda'])} GPU(s), this process sees "
-                               f"{torch.cuda.device_count()}; resume with the same GPUs visible")
+            raise LoraclsError(
+                f"the checkpoint holds RNG states of {len(state['cuda'])} GPU(s), this process sees "
+                f"{torch.cuda.device_count()}; resume with the same GPUs visible"
+            )
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -109,9 +115,16 @@ def save(path: Path, model, optimizer, scheduler, scaler, loop: dict, trainable:
     optimizer_state = _optimizer_state(model, optimizer, sharded)
     if not distributed.is_main():
         return
-    payload = {"format": FORMAT, "loop": loop, "trainable": trainable, "best_state": best_state,
-               "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-               "rng": rng}
+    payload = {
+        "format": FORMAT,
+        "loop": loop,
+        "trainable": trainable,
+        "best_state": best_state,
+        "optimizer": optimizer_state,
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": rng,
+    }
     files.write_file_atomically(path, lambda tmp: torch.save(payload, tmp), "the checkpoint")
 
 
@@ -122,8 +135,10 @@ def read(path: Path) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise LoraclsError(f"{path} holds more than tensors and plain values, refused (loading it could run code): "
-                           f"{first_line(exc, 160)}") from None
+        raise LoraclsError(
+            f"{path} holds more than tensors and plain values, refused (loading it could run code): "
+            f"{first_line(exc, 160)}"
+        ) from None
     except Exception as exc:  # truncated or not a torch file at all
         raise LoraclsError(f"{path} is not a readable loracls checkpoint: {first_line(exc, 160)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
@@ -145,10 +160,13 @@ def check_fits(payload: dict, trainable: dict[str, torch.Tensor], path: Path) ->
         saved = {name: tuple(value.shape) for name, value in payload[key].items()}
         if saved and saved != shapes:
             name = next(iter(sorted(set(saved) ^ set(shapes))), None) or next(
-                n for n in sorted(saved) if saved[n] != shapes[n])
-            raise LoraclsError(f"{path} does not fit this model: {key} tensor {name} is "
-                               f"{saved.get(name, 'absent')}, the model's is {shapes.get(name, 'absent')} "
-                               f"(a checkpoint of another model or LoRA setting?)")
+                n for n in sorted(saved) if saved[n] != shapes[n]
+            )
+            raise LoraclsError(
+                f"{path} does not fit this model: {key} tensor {name} is "
+                f"{saved.get(name, 'absent')}, the model's is {shapes.get(name, 'absent')} "
+                f"(a checkpoint of another model or LoRA setting?)"
+            )
     indexed = [shapes[name] for name in trainable]
     for key, state in payload["optimizer"]["state"].items():
         expected = indexed[key] if isinstance(key, int) and key < len(indexed) else shapes.get(key)
@@ -156,8 +174,10 @@ def check_fits(payload: dict, trainable: dict[str, torch.Tensor], path: Path) ->
             raise LoraclsError(f"{path} does not fit this model: optimizer state for parameter {key!r}, which it lacks")
         odd = [n for n, v in state.items() if isinstance(v, torch.Tensor) and v.dim() and tuple(v.shape) != expected]
         if odd:
-            raise LoraclsError(f"{path} does not fit this model: optimizer {odd[0]} of parameter {key!r} is "
-                               f"{tuple(state[odd[0]].shape)}, the parameter's is {expected}")
+            raise LoraclsError(
+                f"{path} does not fit this model: optimizer {odd[0]} of parameter {key!r} is "
+                f"{tuple(state[odd[0]].shape)}, the parameter's is {expected}"
+            )
 
 
 def restore(payload: dict, model, optimizer, scheduler, scaler) -> None:
@@ -173,6 +193,8 @@ def restore(payload: dict, model, optimizer, scheduler, scaler) -> None:
         scaler.load_state_dict(payload["scaler"])
     rng = payload["rng"]
     if len(rng) != distributed.world_size():
-        raise LoraclsError(f"the checkpoint was written by {len(rng)} process(es); resume it with as many "
-                           f"(now {distributed.world_size()})")
+        raise LoraclsError(
+            f"the checkpoint was written by {len(rng)} process(es); resume it with as many "
+            f"(now {distributed.world_size()})"
+        )
     set_rng_state(rng[distributed.rank()])

@@ -82,8 +82,9 @@ def full_copy(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """CPU copies of whole tensors; sharded ones are gathered (a collective: every process must call)."""
     from torch.distributed.tensor import DTensor
 
-    return {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
-            for name, t in tensors.items()}
+    return {
+        name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone() for name, t in tensors.items()
+    }
 
 
 def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
@@ -92,8 +93,9 @@ def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
 
     with torch.no_grad():
         if isinstance(param, DTensor):
-            value = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements,
-                                      src_data_rank=None)
+            value = distribute_tensor(
+                value.to(param.device, param.dtype), param.device_mesh, param.placements, src_data_rank=None
+            )
         param.copy_(value)
 
 
@@ -106,7 +108,7 @@ def sum_gradients(params: list[torch.nn.Parameter]) -> None:
     offset = 0
     for param, grad in zip(params, grads):
         n = grad.numel()
-        param.grad = flat[offset:offset + n].view_as(param).clone()
+        param.grad = flat[offset : offset + n].view_as(param).clone()
         offset += n
 
 

@@ -53,6 +53,7 @@ class TrainResult:
 @dataclass
 class LoopState:
     """Everything a resumed run needs to continue exactly where the checkpoint was written (plain values)."""
+
     stopping: EarlyStopping
     step: int = 0
     epoch: int = 0
@@ -60,10 +61,12 @@ class LoopState:
     train_tokens: int = 0
     train_seconds: float = 0.0
     log_lines: int = 0  # train_log.jsonl lines covered by this state
-    window: dict = field(default_factory=lambda: {"loss": 0.0, "tokens": 0, "steps": 0, "seconds": 0.0})  # since last log
+    window: dict = field(
+        default_factory=lambda: {"loss": 0.0, "tokens": 0, "steps": 0, "seconds": 0.0}
+    )  # since last log
 
     @classmethod
-    def from_dict(cls, values: dict) -> "LoopState":
+    def from_dict(cls, values: dict) -> LoopState:
         return cls(**{**values, "stopping": EarlyStopping(**values["stopping"])})
 
 
@@ -138,7 +141,8 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id
         first_only = config.long_text == "chunks" and config.chunk_training == "first"
         train = TextEncoder.for_config(config, self.tokenizer, "truncate" if first_only else None).encode(
-            self.dataset.train.texts)
+            self.dataset.train.texts
+        )
         self.train_ids = train.ids
         self.train_labels = [self.dataset.train.labels[i] for i in train.owner]
         self.validation = TextEncoder.for_config(config, self.tokenizer).encode(self.dataset.validation.texts)
@@ -160,9 +164,12 @@ class Trainer:
         config = self.config
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, config)
-        self.scheduler = get_scheduler(config.scheduler if config.scheduler != "constant" else "constant_with_warmup",
-                                       self.optimizer, num_warmup_steps=warmup_steps(config, self.total_steps),
-                                       num_training_steps=self.total_steps)
+        self.scheduler = get_scheduler(
+            config.scheduler if config.scheduler != "constant" else "constant_with_warmup",
+            self.optimizer,
+            num_warmup_steps=warmup_steps(config, self.total_steps),
+            num_training_steps=self.total_steps,
+        )
         fp16 = self.runtime.dtype == torch.float16  # fp16 overflows without loss scaling; bf16 does not need it
         self.scaler = torch.amp.GradScaler(self.runtime.device.type if fp16 else "cpu", enabled=fp16)
 
@@ -172,8 +179,16 @@ class Trainer:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     def save_checkpoint(self) -> None:
-        checkpoint.save(self.run / runs.CHECKPOINT, self.model, self.optimizer, self.scheduler, self.scaler,
-                        dataclasses.asdict(self.state), self._trainable(), self.best_state)
+        checkpoint.save(
+            self.run / runs.CHECKPOINT,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            dataclasses.asdict(self.state),
+            self._trainable(),
+            self.best_state,
+        )
 
     def load_checkpoint(self) -> None:
         payload = checkpoint.read(self.run / runs.CHECKPOINT)
@@ -185,8 +200,10 @@ class Trainer:
         if distributed.is_main():
             files.truncate_lines(self.run / runs.TRAIN_LOG, self.state.log_lines)
         stopping = self.state.stopping
-        self.log(f"resume: from step {self.state.step} (epoch {self.state.epoch}), "
-                 f"best validation accuracy {stopping.best_accuracy:.4f} at step {stopping.best_step}")
+        self.log(
+            f"resume: from step {self.state.step} (epoch {self.state.epoch}), "
+            f"best validation accuracy {stopping.best_accuracy:.4f} at step {stopping.best_step}"
+        )
 
     def _log_line(self, record: dict) -> None:
         if distributed.is_main():
@@ -206,18 +223,23 @@ class Trainer:
         the mean over the whole group (all processes), so summed gradients equal one big batch whatever the
         micro-batch size or process count. Returns (loss, tokens of the whole group)."""
         share = math.ceil(len(group) / self.world)
-        mine = group[self.rank * share:(self.rank + 1) * share]
+        mine = group[self.rank * share : (self.rank + 1) * share]
         total_loss = 0.0
-        passes = sorted_batches([len(self.train_ids[i]) for i in mine], self.micro_batch_size,
-                                self.micro_batch_tokens)
+        passes = sorted_batches([len(self.train_ids[i]) for i in mine], self.micro_batch_size, self.micro_batch_tokens)
         for positions in passes:  # at most micro_batch_size texts and micro_batch_tokens padded tokens a pass
             indices = [mine[p] for p in positions]
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
-            labels = label_tensor([self.train_labels[i] for i in indices], len(self.dataset.id2label),
-                                  self.dataset.multi_label, self.runtime.device)
+            labels = label_tensor(
+                [self.train_labels[i] for i in indices],
+                len(self.dataset.id2label),
+                self.dataset.multi_label,
+                self.runtime.device,
+            )
             with self.runtime.autocast:
-                logits = self.model(input_ids=batch["input_ids"].to(self.runtime.device),
-                                    attention_mask=batch["attention_mask"].to(self.runtime.device)).logits
+                logits = self.model(
+                    input_ids=batch["input_ids"].to(self.runtime.device),
+                    attention_mask=batch["attention_mask"].to(self.runtime.device),
+                ).logits
             # a sum over the group divided by its size: the same gradient whatever the micro-batches or processes
             loss = training_loss(logits.float(), labels, self.class_weight, self.dataset.multi_label, len(group))
             self.scaler.scale(loss).backward()
@@ -230,8 +252,10 @@ class Trainer:
         """One optimizer step over one group of example indices: (loss, tokens)."""
         loss, tokens = self._accumulate(group)
         if not math.isfinite(loss):
-            raise LoraclsError(f"loss is {loss} at step {self.state.step + 1}: training stopped "
-                               f"(best adapter so far kept in {self.run / runs.ADAPTER}); lower learning_rate")
+            raise LoraclsError(
+                f"loss is {loss} at step {self.state.step + 1}: training stopped "
+                f"(best adapter so far kept in {self.run / runs.ADAPTER}); lower learning_rate"
+            )
         self.scaler.unscale_(self.optimizer)  # clipping sees true gradients; a no-op unless fp16
         if self.config.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
@@ -246,8 +270,9 @@ class Trainer:
     def _score_validation(self, step: int) -> tuple[float, float, float]:
         """(accuracy, loss, macro-F1) on the validation split; rank 0 writes its predictions (finite ones only)."""
         if distributed.is_main() or self.sharded:  # a sharded forward needs every process
-            logits = predict_logits(self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size,
-                                    self.runtime)
+            logits = predict_logits(
+                self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size, self.runtime
+            )
             probs = self.decision.probabilities(self.validation.per_text(logits))
         accuracy, loss, macro_f1 = 0.0, 0.0, 0.0
         if distributed.is_main():
@@ -257,8 +282,9 @@ class Trainer:
             else:
                 accuracy, macro_f1 = self._accuracy_and_macro_f1(probs, labels)
                 loss = mean_loss(probs, labels, self.dataset.multi_label)
-                rows = prediction_rows(self.dataset.validation.texts, labels, probs, self.dataset.id2label,
-                                       self.decision)
+                rows = prediction_rows(
+                    self.dataset.validation.texts, labels, probs, self.dataset.id2label, self.decision
+                )
                 files.write_jsonl(self.run / runs.PREDICTIONS / f"validation_step{step:05d}.jsonl", rows)
         return distributed.broadcast_object((accuracy, loss, macro_f1))
 
@@ -267,10 +293,14 @@ class Trainer:
         chosen = self.decision.chosen(probs)
         if self.dataset.multi_label:
             truth = multi_hot(labels, probs.shape[1]).astype(bool)
-            return (float((chosen == truth).all(axis=1).mean()),
-                    float(f1_score(truth, chosen, average="macro", zero_division=0)))
-        return (float((chosen == np.asarray(labels)).mean()),
-                float(f1_score(labels, chosen, labels=sorted(self.dataset.id2label), average="macro", zero_division=0)))
+            return (
+                float((chosen == truth).all(axis=1).mean()),
+                float(f1_score(truth, chosen, average="macro", zero_division=0)),
+            )
+        return (
+            float((chosen == np.asarray(labels)).mean()),
+            float(f1_score(labels, chosen, labels=sorted(self.dataset.id2label), average="macro", zero_division=0)),
+        )
 
     def validate(self, step: int) -> None:
         """Score the validation split; keep the best adapter; stop on a non-finite validation."""
@@ -278,23 +308,38 @@ class Trainer:
         release_free_memory()  # the allocator otherwise keeps what training and validation batches freed
         stopping = self.state.stopping
         if not (math.isfinite(accuracy) and math.isfinite(loss)):
-            raise LoraclsError(f"validation at step {step} gave non-finite outputs: training stopped; the best adapter "
-                               f"so far (step {stopping.best_step}) is kept in {self.run / runs.ADAPTER}; "
-                               f"lower learning_rate")
+            raise LoraclsError(
+                f"validation at step {step} gave non-finite outputs: training stopped; the best adapter "
+                f"so far (step {stopping.best_step}) is kept in {self.run / runs.ADAPTER}; "
+                f"lower learning_rate"
+            )
         improved = stopping.update(step, accuracy, loss, macro_f1)
         if improved:
             self.best_state = distributed.full_copy(self._trainable())
             if distributed.is_main():
-                files.replace_dir(self.run / runs.ADAPTER,
-                                  lambda directory: self.model.save_pretrained(directory, state_dict=self.best_state),
-                                  "the best adapter")
-        self._log_line({"step": step, "validation_accuracy": accuracy, "validation_loss": round(loss, 5),
-                        "validation_macro_f1": round(macro_f1, 5), "best": stopping.best_accuracy, "improved": improved})
-        self.log(f"step {step}: validation accuracy {accuracy:.4f}, macro F1 {macro_f1:.4f}, loss {loss:.4f} "
-                 f"(best by {stopping.select_by}: step {stopping.best_step}, accuracy {stopping.best_accuracy:.4f})")
+                files.replace_dir(
+                    self.run / runs.ADAPTER,
+                    lambda directory: self.model.save_pretrained(directory, state_dict=self.best_state),
+                    "the best adapter",
+                )
+        self._log_line(
+            {
+                "step": step,
+                "validation_accuracy": accuracy,
+                "validation_loss": round(loss, 5),
+                "validation_macro_f1": round(macro_f1, 5),
+                "best": stopping.best_accuracy,
+                "improved": improved,
+            }
+        )
+        self.log(
+            f"step {step}: validation accuracy {accuracy:.4f}, macro F1 {macro_f1:.4f}, loss {loss:.4f} "
+            f"(best by {stopping.select_by}: step {stopping.best_step}, accuracy {stopping.best_accuracy:.4f})"
+        )
         if stopping.stopped:
-            self.log(f"early stop: {self.config.patience} validations without a better {stopping.select_by} "
-                     f"or a lower loss")
+            self.log(
+                f"early stop: {self.config.patience} validations without a better {stopping.select_by} or a lower loss"
+            )
 
     def restore_best(self) -> None:
         self._set_trainable(self.best_state)
@@ -308,21 +353,31 @@ class Trainer:
 
     def _describe(self) -> str:
         config = self.config
-        return (f"train: {len(self.dataset.train)} examples, {self.steps_per_epoch} optimizer steps/epoch, "
-                f"{self.total_steps} steps (batch {config.batch_size} x accumulation {config.gradient_accumulation}"
-                + (f" x {self.world} processes" if self.world > 1 else "")
-                + f"; micro-batches of {self.micro_batch_size}"
-                + (f" and at most {self.micro_batch_tokens} padded tokens" if self.micro_batch_tokens else "")
-                + (f"; {self.attention} attention" if self.attention else "")
-                + ("; fp16 with gradient scaling" if self.scaler.is_enabled() else "") + ")")
+        return (
+            f"train: {len(self.dataset.train)} examples, {self.steps_per_epoch} optimizer steps/epoch, "
+            f"{self.total_steps} steps (batch {config.batch_size} x accumulation {config.gradient_accumulation}"
+            + (f" x {self.world} processes" if self.world > 1 else "")
+            + f"; micro-batches of {self.micro_batch_size}"
+            + (f" and at most {self.micro_batch_tokens} padded tokens" if self.micro_batch_tokens else "")
+            + (f"; {self.attention} attention" if self.attention else "")
+            + ("; fp16 with gradient scaling" if self.scaler.is_enabled() else "")
+            + ")"
+        )
 
     def fit(self) -> TrainResult:
         config, state = self.config, self.state
         self.log(self._describe())
         self.model.train()
         start = time.perf_counter()
-        progress = tqdm(total=self.total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                        mininterval=2.0, disable=not distributed.is_main())
+        progress = tqdm(
+            total=self.total_steps,
+            initial=state.step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=2.0,
+            disable=not distributed.is_main(),
+        )
         try:
             while state.step < self.total_steps and not state.stopping.stopped:
                 groups = self._step_groups(state.epoch)
@@ -338,9 +393,16 @@ class Trainer:
         distributed.barrier()
         self.restore_best()
         tokens_per_second = state.train_tokens / max(state.train_seconds, 1e-9)
-        return TrainResult(state.step, state.stopping.best_step, state.stopping.best_accuracy, state.stopping.stopped,
-                           time.perf_counter() - start, state.train_tokens, tokens_per_second,
-                           mfu(tokens_per_second, self.flops_per_token, self.peak_flops, self.world))
+        return TrainResult(
+            state.step,
+            state.stopping.best_step,
+            state.stopping.best_accuracy,
+            state.stopping.stopped,
+            time.perf_counter() - start,
+            state.train_tokens,
+            tokens_per_second,
+            mfu(tokens_per_second, self.flops_per_token, self.peak_flops, self.world),
+        )
 
     def _one_step(self, group: list[int], progress) -> None:
         state, window = self.state, self.state.window
@@ -360,16 +422,22 @@ class Trainer:
     def _log_window(self, window: dict, progress) -> None:
         loss_total = distributed.sum_scalar(window["loss"])  # each process holds its slice's share
         tokens_per_second = window["tokens"] / max(window["seconds"], 1e-9)
-        record = {"step": self.state.step, "epoch": round(self.state.step / self.steps_per_epoch, 3),
-                  "loss": round(loss_total / window["steps"], 5),
-                  "lr": self.scheduler.get_last_lr()[0], "memory_mb": round(memory_mb(self.runtime.device), 1),
-                  "tokens_per_second": round(tokens_per_second, 1)}
+        record = {
+            "step": self.state.step,
+            "epoch": round(self.state.step / self.steps_per_epoch, 3),
+            "loss": round(loss_total / window["steps"], 5),
+            "lr": self.scheduler.get_last_lr()[0],
+            "memory_mb": round(memory_mb(self.runtime.device), 1),
+            "tokens_per_second": round(tokens_per_second, 1),
+        }
         share = mfu(tokens_per_second, self.flops_per_token, self.peak_flops, self.world)
         if share is not None:
             record["mfu"] = round(share, 5)
         self._log_line(record)
         progress.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_second']:.0f}")
-        self.log(f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-                 f"mem {record['memory_mb']:.0f}MB {record['tokens_per_second']:.0f} tok/s"
-                 + (f" MFU {100 * share:.1f}%" if share is not None else ""))
+        self.log(
+            f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+            f"mem {record['memory_mb']:.0f}MB {record['tokens_per_second']:.0f} tok/s"
+            + (f" MFU {100 * share:.1f}%" if share is not None else "")
+        )
         window.update(loss=0.0, tokens=0, steps=0, seconds=0.0)

@@ -2,10 +2,10 @@
 
 The best checkpoint has the best validation score (`select_by`: accuracy, macro-F1, or loss; ties go to the
 lower validation loss). `patience` validations in a row that improve neither the best score nor the lowest
-validation loss (by LOSS_MIN_GAIN) stop the run. Accuracy on a few hundred examples moves in steps of 1/n and plateaus early;
-the loss keeps showing whether training still helps (measured on the embedded job: accuracy alone stopped
-it at step 350 of 471 with the best checkpoint at step 100, while the validation loss was still falling
-until step 250). A non-finite validation is never the best and never a gain.
+validation loss (by LOSS_MIN_GAIN) stop the run. Accuracy on a few hundred examples moves in steps of 1/n and
+plateaus early; the loss keeps showing whether training still helps (measured on the embedded job: accuracy
+alone stopped it at step 350 of 471 with the best checkpoint at step 100, while the validation loss was still
+falling until step 250). A non-finite validation is never the best and never a gain.
 """
 
 from __future__ import annotations
