@@ -5,7 +5,7 @@ import torch
 
 from loracls.model.classifier import load_classifier
 from loracls.model.lora import CheapRandomDropout, apply_lora
-from loracls.training.speedups import pick_attention, store_frozen_linears_in
+from loracls.model.speedups import pick_attention, store_frozen_linears_in
 
 LABELS = {0: "neg", 1: "pos"}
 quiet = lambda *a: None  # noqa: E731

@@ -354,6 +354,23 @@ def parse_value(key: str, raw: str):
         return raw
 
 
+def split_alternatives(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     """`key=value` strings -> dict of parsed values."""
     out = {}

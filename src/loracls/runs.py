@@ -58,6 +58,39 @@ class BaselineRecord:
 
 
 @dataclass
+class TfidfRecord:
+    """tfidf.json: the TF-IDF + logistic regression baseline on the test split."""
+
+    c: float
+    validation_accuracy: float  # label sets: validation micro F1 (what chose C)
+    test: AnyMetrics
+    seconds: float
+    features: int
+    texts_per_second: float | None = None  # inference on the test split: features + logistic regression
+    ece: float | None = None  # single_label: of the test probabilities
+    parameters: int | None = None  # the logistic regressions' coefficients and intercepts
+
+
+@dataclass
+class EncoderRecord:
+    """encoder.json: the fine-tuned encoder on the test split, with what it cost."""
+
+    model: str
+    epochs: int  # trained
+    best_epoch: int  # chosen on validation
+    learning_rate: float
+    validation_score: float  # the config's select_by on validation (loss: negated)
+    test: AnyMetrics
+    temperature: float  # single_label: fitted on validation; 1.0 for multi_label
+    test_ece: float | None  # single_label: at the fitted temperature
+    train_seconds: float
+    texts_per_second: float  # inference on the test split (batch eval_batch_size, length-sorted)
+    parameters: int
+    trainable_parameters: int
+    size_mb: float  # weights in fp32
+
+
+@dataclass
 class SkippedBaseline:
     """A baseline left out, and why (said in the log and the report)."""
 
@@ -168,15 +201,11 @@ def read_baseline(run: Path) -> BaselineRecord:
     return read_record(run / BASELINE, BaselineRecord)
 
 
-def read_tfidf(run: Path):
-    from loracls.baselines.tfidf import TfidfRecord
-
+def read_tfidf(run: Path) -> TfidfRecord:
     return read_record(run / TFIDF, TfidfRecord)
 
 
-def read_encoder(run: Path):
-    from loracls.baselines.encoder import EncoderRecord
-
+def read_encoder(run: Path) -> EncoderRecord:
     return read_record(run / ENCODER, EncoderRecord)
 
 

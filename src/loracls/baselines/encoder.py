@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,30 +22,12 @@ from loracls.data.batching import collate, length_grouped_batches
 from loracls.data.splits import Dataset
 from loracls.decision import Decision, label_tensor, mean_loss, sigmoid, training_loss, tune_thresholds
 from loracls.errors import LoraclsError, first_line
-from loracls.metrics import AnyMetrics, evaluation_metrics
+from loracls.metrics import evaluation_metrics
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_encoder_dir
+from loracls.runs import EncoderRecord
 
 WARMUP_SHARE = 0.1  # of all steps: the usual recipe for fine-tuning BERT-like encoders
-
-
-@dataclass
-class EncoderRecord:
-    """encoder.json: the fine-tuned encoder on the test split, with what it cost."""
-
-    model: str
-    epochs: int  # trained
-    best_epoch: int  # chosen on validation
-    learning_rate: float
-    validation_score: float  # the config's select_by on validation (loss: negated)
-    test: AnyMetrics
-    temperature: float  # single_label: fitted on validation; 1.0 for multi_label
-    test_ece: float | None  # single_label: at the fitted temperature
-    train_seconds: float
-    texts_per_second: float  # inference on the test split (batch eval_batch_size, length-sorted)
-    parameters: int
-    trainable_parameters: int
-    size_mb: float  # weights in fp32
 
 
 def _tokenizer(spec: str, directory) -> AutoTokenizer:

@@ -4,7 +4,6 @@ the same train split, its C chosen on the validation split. Seconds on a CPU; th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -15,23 +14,10 @@ from sklearn.pipeline import FeatureUnion
 from loracls.calibration import reliability
 from loracls.data.splits import Dataset
 from loracls.decision import Decision, multi_hot, tune_thresholds
-from loracls.metrics import AnyMetrics, evaluation_metrics
+from loracls.metrics import evaluation_metrics
+from loracls.runs import TfidfRecord
 
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
-
-
-@dataclass
-class TfidfRecord:
-    """tfidf.json: the TF-IDF + logistic regression baseline on the test split."""
-
-    c: float
-    validation_accuracy: float  # label sets: validation micro F1 (what chose C)
-    test: AnyMetrics
-    seconds: float
-    features: int
-    texts_per_second: float | None = None  # inference on the test split: features + logistic regression
-    ece: float | None = None  # single_label: of the test probabilities
-    parameters: int | None = None  # the logistic regressions' coefficients and intercepts
 
 
 def features() -> FeatureUnion:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from loracls import files, runs
-from loracls.config import FIELDS, Config, from_dict, parse_value
+from loracls.config import FIELDS, Config, from_dict, parse_value, split_alternatives
 from loracls.errors import LoraclsError
 
 COLUMNS = [
@@ -29,23 +29,6 @@ COLUMNS = [
     "train_tokens_per_second",
     "seconds",
 ]
-
-
-def split_alternatives(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts, depth, current = [], 0, ""
-    for char in text:
-        if char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    parts.append(current)
-    return [p.strip() for p in parts if p.strip()]
 
 
 def parse_grid(items: list[str]) -> dict[str, list]:

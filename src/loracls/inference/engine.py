@@ -17,8 +17,8 @@ from loracls.inference.export import InputFormat
 from loracls.model.classifier import load_classifier, load_standalone
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
+from loracls.model.speedups import store_frozen_linears_in
 from loracls.model.tokenizer import load_tokenizer
-from loracls.training.speedups import store_frozen_linears_in
 
 
 class Classifier:

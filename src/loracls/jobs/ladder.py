@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loracls import files, runs
-from loracls.baselines.encoder import EncoderRecord, run_encoder
-from loracls.baselines.tfidf import TfidfRecord, run_tfidf
+from loracls.baselines.encoder import run_encoder
+from loracls.baselines.tfidf import run_tfidf
 from loracls.baselines.zero_shot import code_labels, codes_reason, run_baseline
 from loracls.config import Config
 from loracls.data.splits import Dataset
 from loracls.metrics import prediction_rows
-from loracls.runs import BaselineRecord, BaselineSummary, SkippedBaseline
+from loracls.runs import BaselineRecord, BaselineSummary, EncoderRecord, SkippedBaseline, TfidfRecord
 from loracls.verdict import LadderRow, Verdict, decide, format_table
 
 __all__ = ["Ladder", "run_ladder", "zero_shot_skip_reason", "verdict_of", "ZERO_SHOT_MULTI_LABEL"]

@@ -23,8 +23,7 @@ from pathlib import Path
 import yaml
 
 from loracls import files, runs
-from loracls.config import FIELDS, Config, from_dict, parse_value
-from loracls.diagnostics.sweep import split_alternatives
+from loracls.config import FIELDS, Config, from_dict, parse_value, split_alternatives
 from loracls.errors import LoraclsError
 
 __all__ = ["DEFAULT_SPACE", "Dimension", "parse_space", "run_tune"]

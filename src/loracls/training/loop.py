@@ -32,9 +32,9 @@ from loracls.errors import LoraclsError
 from loracls.hardware import peak_flops, release_free_memory
 from loracls.metrics import prediction_rows
 from loracls.model.scoring import predict_logits
+from loracls.model.speedups import apply_speedups
 from loracls.training import checkpoint, distributed
 from loracls.training.mfu import mfu, train_flops_per_token
-from loracls.training.speedups import apply_speedups
 from loracls.training.stopping import EarlyStopping
 
 
