@@ -1,0 +1,19 @@
+"""The house's rooms say what they hold: every subpackage has a docstring and an `__all__` naming exactly its
+modules (the layer rule itself is import-linter's contract in .importlinter, run by .ci/run)."""
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+import loracls
+
+PACKAGES = sorted(p.name for p in Path(loracls.__file__).parent.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_each_subpackage_states_its_purpose_and_its_public_modules(name):
+    package = importlib.import_module(f"loracls.{name}")
+    assert package.__doc__ and len(package.__doc__.split()) >= 8
+    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py") if p.stem != "__init__"}
+    assert set(package.__all__) == modules
