@@ -9,6 +9,8 @@ from conftest import tiny_overrides
 from loracls import hardware
 from loracls.cli import main
 
+pytestmark = pytest.mark.slow  # whole recipes in subprocesses
+
 
 def test_fma_peak_doubles_for_bf16_only_where_the_cpu_has_native_bf16(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})

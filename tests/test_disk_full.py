@@ -94,6 +94,7 @@ def _disk_usage(folder: Path, block: int = 4096) -> int:
     return sum(-(-p.stat().st_size // block) * block for p in folder.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes(trained_runs, gemma3_dir, data_csv, small_tmpfs, capsys):
     if shutil.which("mount") is None:
         pytest.skip("no mount command")

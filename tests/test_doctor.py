@@ -16,6 +16,7 @@ from loracls.hardware import DeviceFacts
 from loracls.jobs.train import train
 
 
+@pytest.mark.slow
 def test_doctor_on_this_cpu(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -68,6 +69,7 @@ def test_gather_facts_reads_rocm_properties(monkeypatch):
     assert (facts.backend, facts.device_arch) == ("cuda", "sm_103")
 
 
+@pytest.mark.slow
 def test_device_that_cannot_compute_fails_and_doctor_exits_nonzero(monkeypatch, capsys):
     def broken_to(self, *args, **kwargs):
         raise RuntimeError("HIP error: invalid device function")

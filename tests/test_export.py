@@ -16,6 +16,7 @@ def run_copy(trained_runs, tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_onnx_export_matches_pytorch(run_copy, capsys):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

@@ -86,6 +86,7 @@ def long_runs(tmp_path_factory, gemma3_dir, late_csv):
     return runs
 
 
+@pytest.mark.slow
 def test_chunks_see_what_truncation_cuts_off(long_runs):
     accuracy = {
         mode: json.loads((run / "metrics.json").read_text())["test"]["accuracy"] for mode, run in long_runs.items()
@@ -97,6 +98,7 @@ def test_chunks_see_what_truncation_cuts_off(long_runs):
     assert metrics["export"]["predictions_equal"]
 
 
+@pytest.mark.slow
 def test_predict_and_serve_average_the_windows(long_runs, capsys):
     from loracls.inference.engine import Classifier
 

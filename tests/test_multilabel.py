@@ -235,6 +235,7 @@ def test_predict_evaluate_and_report_show_label_sets(multilabel_run, tmp_path, c
     assert "subset accuracy" in page and "threshold" in page and "confusion.png" not in page
 
 
+@pytest.mark.slow
 def test_server_returns_label_sets(multilabel_run):
     from loracls import runs
     from test_serve import Server

@@ -6,7 +6,7 @@ import pytest
 
 from loracls.cli import main
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 
 def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):

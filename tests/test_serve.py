@@ -151,6 +151,7 @@ def test_concurrent_requests_are_each_answered_their_own(server):
         assert response.json()["data"][0]["probs"] == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_sigterm_answers_every_request_in_flight_and_exits_zero(trained_runs):
     server = Server(trained_runs["gemma3"], "--max-wait-ms", "5000", "--max-batch-size", "64")
     texts = [f"{'good' if i % 2 else 'awful'} film {i}" for i in range(16)]

@@ -29,6 +29,7 @@ def test_grid_parsing():
     }
 
 
+@pytest.mark.slow
 def test_sweep_table(gemma3_dir, data_csv, tmp_path, capsys):
     args = [
         "sweep",
@@ -106,6 +107,7 @@ def straight_and_resumed(gemma3_dir, data_csv, tmp_path, **common):
     return straight / "run", killed / "run"
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tmp_path):
     common = dict(epochs=12, eval_every=15, baseline=False, lora_dropout=0.1, threads=1)
     straight, killed = straight_and_resumed(gemma3_dir, data_csv, tmp_path, **common)
@@ -137,6 +139,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
 def test_two_processes_equal_one_process_with_double_batch(gemma3_dir, data_csv, tmp_path, data_parallel):
     common = dict(epochs=2, baseline=False, lora_dropout=0.0, eval_every=5, threads=1, merge=False)
@@ -176,6 +179,7 @@ def _torchrun(args):
     ]
 
 
+@pytest.mark.slow
 def test_fsdp_resume_after_kill_matches_an_uninterrupted_fsdp_run(gemma3_dir, data_csv, tmp_path):
     common = dict(
         epochs=12,

@@ -21,6 +21,7 @@ def _config_file(path, gemma3_dir, data, out):
     return path
 
 
+@pytest.mark.slow
 def test_tune_searches_two_data_sets_on_validation_and_continues(tmp_path, gemma3_dir, data_csv, capsys):
     other = tmp_path / "three.csv"
     synthetic_frame(300, seed=5, classes={"a": ["good", "great"], "b": ["bad", "awful"], "c": ["ok", "meh"]}).to_csv(
