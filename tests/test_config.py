@@ -122,11 +122,27 @@ def test_numbers_out_of_range_are_refused(pair, message):
         load_config(None, [pair])
 
 
-def test_every_numeric_field_has_a_range():
-    from loracls.config import _TYPES, FIELDS, NUMBER_RANGES, _base_type
+def test_every_numeric_field_has_a_range_and_every_field_help():
+    from loracls.config import _TYPES, FIELDS, _base_type
 
-    numeric = {name for name in FIELDS if _base_type(_TYPES[name]) in (int, float)}
-    assert numeric == set(NUMBER_RANGES)
+    for name in FIELDS:
+        info = Config.__pydantic_fields__[name]
+        assert info.description and len(info.description.split()) >= 3, name
+        if _base_type(_TYPES[name]) in (int, float):
+            assert any(hasattr(m, bound) for m in info.metadata for bound in ("ge", "gt")), name
+
+
+def test_help_config_and_the_docs_reference_are_the_fields_help(capsys):
+    from pathlib import Path
+
+    from loracls.cli import main
+    from loracls.config import config_help
+
+    assert main(["train", "--help-config"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == config_help() and "| `learning_rate` | float (> 0.0 and <= 10.0) | `0.0002` |" in printed
+    reference = (Path(__file__).parents[1] / "docs" / "config-reference.md").read_text()
+    assert reference.endswith(config_help()), "regenerate: python3 -m loracls train --help-config"
 
 
 @pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "a/b", "..", ".", "a\\b", " padded"])

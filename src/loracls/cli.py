@@ -31,9 +31,12 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args) -> None:
-    from loracls.config import load_config
+    from loracls.config import config_help, load_config
     from loracls.jobs.train import train
 
+    if args.help_config:
+        print(config_help(), end="")
+        return
     if args.resume:
         if args.config or args.set:
             raise LoraclsError("--resume takes the run's own config; give no CONFIG or --set with it")
@@ -233,6 +236,7 @@ def _job_commands(sub) -> None:
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--resume", metavar="RUN", help="continue an interrupted run from its last checkpoint")
+    p.add_argument("--help-config", action="store_true", help="every config key: type, range, default, what it does")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("doctor", help="backend, versions, GPU arch vs torch build, a real matmul, bf16, bitsandbytes")

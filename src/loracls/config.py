@@ -12,10 +12,12 @@ import re
 import string
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from loracls import files
 from loracls.errors import LoraclsError, first_line
@@ -26,101 +28,126 @@ EMBEDDED_ENCODER = "embedded:all-minilm-l6-v2"
 BASELINE_NAMES = ("zero_shot", "tfidf", "encoder")
 
 
-@dataclass
+def _help(default, text: str, **constraints):
+    """A config field: its default, the help line `--help-config` and the docs show, and its range."""
+    if callable(default):
+        return Field(default_factory=default, description=text, **constraints)
+    return Field(default, description=text, **constraints)
+
+
+@dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False))
 class Config:
+    """The whole job's settings; the defaults are the embedded default job. Ranges and choices are checked by
+    pydantic when a Config is made; `validate()` adds the checks that span fields."""
+
     # --- data ---
-    data: str = EMBEDDED_DATA  # a CSV / JSONL / Parquet file, or the embedded data set
-    validation_data: str | None = None  # given splits; when absent, made from `data` with `seed`
-    test_data: str | None = None
-    text_column: str = "text"
-    label_column: str = "label"
-    labels: list[str] | None = None  # label names in id order; default: sorted names found in the data
-    problem: str = "single_label"  # single_label (one label a text, softmax) | multi_label (a set, sigmoid)
-    label_separator: str | None = None  # multi_label: splits a text label cell ("a|b"); lists need none
-    train_size: int | None = 5000  # None: everything left after validation and test
-    validation_size: int = 800
-    test_size: int = 1200
-    balance: bool | None = None  # made splits: equal examples per class (true) or the data's own proportions
-    # (false: stratified); null: true for the embedded data set, false for yours
-    allow_overlap: bool = False  # given splits sharing more than a small share of texts are refused unless true
-    max_length: int = 256
-    long_text: str = "truncate"  # truncate | head_tail | chunks (texts longer than max_length)
-    chunk_stride: int | None = None  # chunks: tokens from one window's start to the next; null: half a window
-    chunk_training: str = "all"  # chunks: train on every window (with the text's label) or on the first only
-    input_template: str | None = None  # e.g. "Review: {text}\nSentiment:"; the classifier reads its last token
-    seed: int = 42
+    data: str = _help(EMBEDDED_DATA, "a CSV / TSV / JSONL / Parquet file, or the embedded data set")
+    validation_data: str | None = _help(None, "given validation split; when absent, made from `data` with `seed`")
+    test_data: str | None = _help(None, "given test split (give both or neither)")
+    text_column: str = _help("text", "the column that holds the text")
+    label_column: str = _help("label", "the column that holds the label (multi_label: the label set)")
+    labels: list[str] | None = _help(None, "label names in id order; default: sorted names found in the data")
+    problem: Literal["single_label", "multi_label"] = _help(
+        "single_label", "single_label: one label a text (softmax); multi_label: a set, maybe empty (sigmoid)"
+    )
+    label_separator: str | None = _help(None, 'multi_label: splits a text label cell ("a|b"); lists need none')
+    train_size: int | None = _help(5000, "training examples; null: everything left after validation and test", ge=1)
+    validation_size: int = _help(800, "validation examples (made splits)", ge=1)
+    test_size: int = _help(1200, "test examples (made splits)", ge=1)
+    balance: bool | None = _help(
+        None, "made splits: equal examples per class (true) or stratified (false); null: true for the embedded set"
+    )
+    allow_overlap: bool = _help(False, "accept given splits that share more than 1% of texts with train")
+    max_length: int = _help(256, "tokens a text (with its template) is read in at most", ge=8)
+    long_text: Literal["truncate", "head_tail", "chunks"] = _help(
+        "truncate", "texts over max_length: keep the start, the head and tail, or read them in windows"
+    )
+    chunk_stride: int | None = _help(
+        None, "chunks: tokens from one window's start to the next (<= max_length); null: half a window", ge=1
+    )
+    chunk_training: Literal["all", "first"] = _help(
+        "all", "chunks: train on every window (with the text's label) or on the first only"
+    )
+    input_template: str | None = _help(
+        None, "e.g. 'Review: {text} Sentiment:'; only {text}; the classifier reads its last token"
+    )
+    seed: int = _help(42, "splits, initialisation, dropout and batch order", ge=0, le=2**32 - 1)
     # --- model ---
-    model: str = EMBEDDED_MODEL  # HF directory, hub id, .gguf file, or the embedded Gemma 3 270M
-    head_init: str = "zero"  # zero | verbalizer (the zero-shot prompt's label logits at step 0) | random
+    model: str = _help(EMBEDDED_MODEL, "a HF directory, a hub id, a .gguf file, or the embedded Gemma 3 270M")
+    head_init: Literal["zero", "verbalizer", "random"] = _help(
+        "zero", "the new head: zeros, the LM head's rows of the label words (step 0 = zero-shot), or random"
+    )
     # --- LoRA (PEFT's names) ---
-    r: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    r: int = _help(8, "LoRA rank (the adapter matrices' inner size)", ge=1)
+    lora_alpha: float = _help(16.0, "LoRA scaling (alpha / r multiplies the update)", gt=0.0)
+    lora_dropout: float = _help(0.05, "dropout on LoRA's input", ge=0.0, le=0.999)
+    target_modules: list[str] = _help(
+        lambda: ["q_proj", "v_proj"], "module-name suffixes (PEFT's) or regexes over full names; see `modules`"
+    )
     # --- optimisation ---
-    learning_rate: float = 2e-4
-    weight_decay: float = 0.01
-    batch_size: int = 16
-    gradient_accumulation: int = 2
-    micro_batch_size: int | None = None  # examples per forward/backward; None: whole step on CPU, batch_size on GPU
-    micro_batch_tokens: int | None = None  # padded tokens per forward/backward at most (activation memory): a
-    # step of long texts is cut into more passes (same gradient); None: 2048 on CPU, no cap on GPU
-    epochs: int = 3
-    max_steps: int | None = None  # optimizer steps; None: epochs decide
-    min_steps: int | None = 100  # optimizer steps at least: a small data set repeats epochs; None: epochs decide
-    warmup_steps: int = 100  # at most a quarter of all steps (a short run is not all warmup)
-    scheduler: str = "cosine"
-    max_grad_norm: float = 1.0
-    class_weights: str | dict[str, float] = "none"  # none | balanced | {label: weight}: weights in the loss
+    learning_rate: float = _help(2e-4, "AdamW's peak learning rate", gt=0.0, le=10.0)
+    weight_decay: float = _help(0.01, "AdamW's weight decay", ge=0.0)
+    batch_size: int = _help(16, "examples a micro-batch on GPU (a step is batch_size x gradient_accumulation)", ge=1)
+    gradient_accumulation: int = _help(2, "micro-batches an optimizer step", ge=1)
+    micro_batch_size: int | None = _help(
+        None, "examples a forward/backward; null: the whole step on CPU, batch_size on GPU", ge=1
+    )
+    micro_batch_tokens: int | None = _help(
+        None, "padded tokens a forward/backward at most (same gradient); null: 2048 on CPU, no cap on GPU", ge=8
+    )
+    epochs: int = _help(3, "passes over the training split", ge=1)
+    max_steps: int | None = _help(None, "optimizer steps at most; null: epochs decide", ge=1)
+    min_steps: int | None = _help(
+        100, "optimizer steps at least (a small data set repeats epochs); null: epochs decide", ge=1
+    )
+    warmup_steps: int = _help(100, "linear warmup steps, at most a quarter of the run", ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] = _help("cosine", "the learning rate after warmup")
+    max_grad_norm: float = _help(1.0, "gradient clipping norm", ge=0.0)
+    class_weights: str | dict[str, float] = _help(
+        "none", "none | balanced | {label: weight}: weights in the loss (multi_label: BCE's pos_weight)"
+    )
     # --- loop and evaluation ---
-    log_every: int = 10  # optimizer steps
-    eval_every: int = 50  # optimizer steps
-    patience: int | None = 5  # validations without improvement before stopping; None: never stop early
-    select_by: str = "accuracy"  # accuracy | macro_f1 | loss: picks the best checkpoint, drives early stopping
-    eval_batch_size: int = 32
+    log_every: int = _help(10, "optimizer steps between log lines", ge=1)
+    eval_every: int = _help(50, "optimizer steps between validations (and checkpoints)", ge=1)
+    patience: int | None = _help(
+        5, "validations without a better score or a lower loss before stopping; null: never early", ge=1
+    )
+    select_by: Literal["accuracy", "macro_f1", "loss"] = _help(
+        "accuracy", "picks the best checkpoint and the encoder's best epoch, drives early stopping and the verdict"
+    )
+    eval_batch_size: int = _help(32, "texts a forward pass in validation, test and predict", ge=1)
     # --- hardware ---
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
-    threads: int | None = None  # CPU threads; None: all cores
-    deterministic: bool = False  # bit-for-bit repeatable GPU runs (torch's deterministic algorithms; slower)
-    data_parallel: str = "ddp"  # with several processes: ddp (whole model on each) | fsdp (weights sharded, FSDP2)
+    device: str = _help("auto", "auto | cpu | cuda | cuda:N | mps")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _help(
+        "auto", "auto: bf16 on GPUs that have it, else fp16; bf16 on CPUs with native bf16, else fp32"
+    )
+    threads: int | None = _help(None, "CPU threads; null: all cores", ge=1)
+    deterministic: bool = _help(False, "bit-for-bit repeatable GPU runs (torch's deterministic algorithms; slower)")
+    data_parallel: Literal["ddp", "fsdp"] = _help(
+        "ddp", "with several processes: ddp (whole model on each) or fsdp (weights sharded, FSDP2)"
+    )
     # --- output ---
-    output_dir: str = "runs"
-    run_name: str | None = None
-    merge: bool = True  # write the merged standalone model and check it against the adapter
-    merge_dtype: str = "fp32"  # fp32 | bf16 (half the size; checked at bf16's tolerance)
+    output_dir: str = _help("runs", "where run directories are made")
+    run_name: str | None = _help(None, "the run directory's name (a plain folder name); null: run-<date>-<time>")
+    merge: bool = _help(True, "write the merged standalone model and check it against the adapter")
+    merge_dtype: Literal["fp32", "bf16"] = _help("fp32", "the merged weights (bf16: half the size)")
     # --- baselines (scored on the test split before training) ---
-    baseline: bool = True  # false: no baseline at all
-    baselines: list[str] = field(default_factory=lambda: ["zero_shot", "tfidf", "encoder"])  # which ones
-    prompt_template: str | None = None  # must hold {text}; may hold {choices}
-    verbalizers: dict[str, str] | None = None  # label name -> word scored after the prompt
-    encoder_model: str = EMBEDDED_ENCODER  # the encoder baseline: HF encoder directory or hub id; default MiniLM-L6
-    encoder_epochs: int = 5  # the best epoch on validation is kept
-    encoder_learning_rate: float = 1e-4
-    encoder_batch_size: int = 16
+    baseline: bool = _help(True, "false: no baseline at all")
+    baselines: list[str] = _help(
+        lambda: ["zero_shot", "tfidf", "encoder"], "which baselines: zero_shot, tfidf, encoder"
+    )
+    prompt_template: str | None = _help(None, "the zero-shot prompt: must hold {text}, may hold {choices}")
+    verbalizers: dict[str, str] | None = _help(None, "label name -> the word the zero-shot prompt scores")
+    encoder_model: str = _help(EMBEDDED_ENCODER, "the encoder baseline: a HF encoder directory or hub id")
+    encoder_epochs: int = _help(5, "the encoder's epochs; the best on validation is kept", ge=1)
+    encoder_learning_rate: float = _help(1e-4, "the encoder's learning rate", gt=0.0, le=10.0)
+    encoder_batch_size: int = _help(16, "the encoder's batch size", ge=1)
     # --- memory savers that need bitsandbytes on a GPU ---
-    optimizer: str = "adamw"  # adamw | adamw_8bit
-    quantization: str = "none"  # none | 4bit | 8bit (QLoRA)
+    optimizer: Literal["adamw", "adamw_8bit"] = _help("adamw", "adamw_8bit needs bitsandbytes on a GPU")
+    quantization: Literal["none", "4bit", "8bit"] = _help("none", "4bit / 8bit: QLoRA (bitsandbytes on a GPU)")
 
     def validate(self) -> Config:
-        for name, (low, high, low_open) in NUMBER_RANGES.items():
-            _check_range(name, getattr(self, name), low, high, low_open)
-        choices = {
-            "precision": ("auto", "fp32", "bf16", "fp16"),
-            "scheduler": ("cosine", "linear", "constant"),
-            "optimizer": ("adamw", "adamw_8bit"),
-            "quantization": ("none", "4bit", "8bit"),
-            "data_parallel": ("ddp", "fsdp"),
-            "merge_dtype": ("fp32", "bf16"),
-            "select_by": ("accuracy", "macro_f1", "loss"),
-            "long_text": ("truncate", "head_tail", "chunks"),
-            "chunk_training": ("all", "first"),
-            "head_init": ("zero", "verbalizer", "random"),
-            "problem": ("single_label", "multi_label"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise LoraclsError(f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        """The checks that span fields (pydantic checks each field's range and choices when it is made)."""
         if not self.target_modules:
             raise LoraclsError("config: target_modules is empty")
         check_template("input_template", self.input_template, ("text",))
@@ -185,51 +212,28 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# name -> (lowest, highest, lowest excluded); every number must also be finite. None: no bound.
-NUMBER_RANGES = {
-    "max_length": (8, None, False),
-    "r": (1, None, False),
-    "batch_size": (1, None, False),
-    "gradient_accumulation": (1, None, False),
-    "epochs": (1, None, False),
-    "log_every": (1, None, False),
-    "eval_every": (1, None, False),
-    "eval_batch_size": (1, None, False),
-    "validation_size": (1, None, False),
-    "test_size": (1, None, False),
-    "train_size": (1, None, False),
-    "max_steps": (1, None, False),
-    "min_steps": (1, None, False),
-    "encoder_epochs": (1, None, False),
-    "encoder_batch_size": (1, None, False),
-    "encoder_learning_rate": (0.0, 10.0, True),
-    "threads": (1, None, False),
-    "micro_batch_size": (1, None, False),
-    "micro_batch_tokens": (8, None, False),
-    "patience": (1, None, False),
-    "chunk_stride": (1, None, False),
-    "warmup_steps": (0, None, False),
-    "seed": (0, 2**32 - 1, False),
-    "learning_rate": (0.0, 10.0, True),
-    "lora_alpha": (0.0, None, True),
-    "lora_dropout": (0.0, 0.999, False),
-    "weight_decay": (0.0, None, False),
-    "max_grad_norm": (0.0, None, False),
-}
-SAFE_NAME = re.compile(r"[^/\\\x00]+")
+def config_help() -> str:
+    """Every key with its type, default and help: `loracls train --help-config` and docs/config-reference.md."""
+    rows = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
+    for name, info in Config.__pydantic_fields__.items():
+        default = info.default_factory() if info.default_factory is not None else info.default
+        kind = _type_words(_TYPES[name])
+        limits = _allowed(name).removesuffix(" or null")
+        limits = f" ({limits})" if limits[0] in "<>" else ""
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        described = info.description.replace("|", "\\|")
+        rows.append(f"| `{name}` | {kind}{limits} | `{shown}` | {described} |")
+    return "\n".join(rows) + "\n"
 
 
-def _check_range(name: str, value, low, high, low_open: bool) -> None:
-    if value is None:
-        return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise LoraclsError(f"config: {name} must be a finite number, got {value}")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
-        bound = [f"> {low}" if low_open else f">= {low}"] if low is not None else []
-        bound += [f"<= {high}"] if high is not None else []
-        optional = " or null" if type(None) in typing.get_args(_TYPES[name]) else ""
-        raise LoraclsError(f"config: {name} must be {' and '.join(bound)}{optional}, got {value}")
+def _type_words(hint) -> str:
+    base = _base_type(hint)
+    if typing.get_origin(base) is Literal:
+        return " \\| ".join(map(str, typing.get_args(base)))
+    optional = type(None) in typing.get_args(hint)
+    arms = [a for a in typing.get_args(base) if a is not type(None)] if isinstance(base, types.UnionType) else [base]
+    words = [f"list of {_name(typing.get_args(a)[0])}" if typing.get_origin(a) is list else _name(a) for a in arms]
+    return " or ".join(words) + (" or null" if optional else "")
 
 
 def check_template(name: str, template: str | None, allowed: tuple[str, ...]) -> None:
@@ -254,6 +258,9 @@ def check_template(name: str, template: str | None, allowed: tuple[str, ...]) ->
             )
     if not any(field_name == "text" for _, field_name, _, _ in parsed):
         raise LoraclsError(f"config: {name} must contain {{text}}")
+
+
+SAFE_NAME = re.compile(r"[^/\\\x00]+")
 
 
 def check_run_name(name: str) -> str:
@@ -288,7 +295,8 @@ def _coerce(key: str, value):
         if type(None) in typing.get_args(hint):
             return None
         raise LoraclsError(f"config: {key} cannot be null")
-    return _coerce_to(key, _base_type(hint), value)
+    base = _base_type(hint)
+    return _coerce_to(key, str if typing.get_origin(base) is Literal else base, value)  # the choice: pydantic's
 
 
 def _coerce_to(key: str, hint, value):
@@ -388,7 +396,25 @@ def from_dict(values: dict, base: Config | None = None) -> Config:
         if key not in FIELDS:
             raise LoraclsError(f"config: unknown key {key!r}{_nearest(key)}")
         merged[key] = _coerce(key, value)
-    return Config(**merged).validate()
+    try:
+        config = Config(**merged)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        key = str(problem["loc"][0]) if problem["loc"] else "config"
+        raise LoraclsError(f"config: {key} must be {_allowed(key)}, got {problem['input']!r}") from None
+    return config.validate()
+
+
+def _allowed(key: str) -> str:
+    """What a field accepts, in words, from its declaration: `> 0.0 and <= 10.0`, `one of a, b`, `or null`."""
+    info, hint = Config.__pydantic_fields__[key], _base_type(_TYPES[key])
+    if typing.get_origin(hint) is Literal:
+        words = "one of " + ", ".join(map(str, typing.get_args(hint)))
+    else:
+        names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        bounds = [f"{names[n]} {getattr(m, n)}" for m in info.metadata for n in names if hasattr(m, n)]
+        words = " and ".join(bounds) if bounds else "a finite number"
+    return words + (" or null" if type(None) in typing.get_args(_TYPES[key]) else "")
 
 
 def read_mapping(path: Path, what: str) -> dict:
