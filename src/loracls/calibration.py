@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
-from sklearn.metrics import log_loss
+from sklearn.metrics import brier_score_loss, log_loss
 
 BINS = 15
 LOG_T_BOUNDS = (-3.0, 3.0)  # T in 0.05 .. 20
@@ -91,9 +91,9 @@ def reliability(probs: np.ndarray, labels: list[int], bins: int = BINS) -> tuple
 
 
 def brier_score(probs: np.ndarray, labels: list[int]) -> float:
-    """Mean over examples of the squared distance to the one-hot label (0 is perfect, 2 the worst)."""
-    onehot = np.eye(probs.shape[1])[np.asarray(labels)]
-    return float(((probs - onehot) ** 2).sum(axis=1).mean())
+    """Mean over examples of the squared distance to the one-hot label (0 is perfect, 2 the worst):
+    sklearn's multiclass Brier score, not halved for two classes."""
+    return float(brier_score_loss(labels, probs, labels=list(range(probs.shape[1])), scale_by_half=False))
 
 
 def quality(probs: np.ndarray, labels: list[int]) -> CalibrationQuality:
