@@ -42,12 +42,13 @@ def test_a_run_is_calibrated_and_predicts_with_its_temperature(trained_runs, cap
     run = trained_runs["gemma3"]
     metrics = json.loads((run / "metrics.json").read_text())
     calibration = metrics["calibration"]
-    temperature = json.loads((run / "adapter" / "loracls_calibration.json").read_text())["temperature"]
+    saved = json.loads((run / "adapter" / "loracls_calibration.json").read_text())
+    temperature = saved["decision"]["temperature"]
     assert calibration["temperature"] == temperature > 0
     for side in ("before", "after"):
         assert 0 <= calibration[side]["ece"] <= 1 and 0 <= calibration[side]["brier"] <= 2
         assert sum(calibration[side]["reliability"]["count"]) == 60
-    assert json.loads((run / "merged" / "loracls_input.json").read_text())["temperature"] == temperature
+    assert json.loads((run / "merged" / "loracls_input.json").read_text()) == saved  # one schema
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     assert "Calibration (test split)" in page and (run / "reliability.png").read_bytes()[:4] == b"\x89PNG"
@@ -60,9 +61,9 @@ def test_the_temperature_reaches_predict_from_a_run_and_from_the_merged_model(tr
 
     run = tmp_path / "run"
     shutil.copytree(trained_runs["gemma3"], run)
-    (run / "adapter" / "loracls_calibration.json").write_text('{"temperature": 2.5}')
-    saved = json.loads((run / "merged" / "loracls_input.json").read_text())
-    (run / "merged" / "loracls_input.json").write_text(json.dumps({**saved, "temperature": 2.5}))
+    for saved_at in (run / "adapter" / "loracls_calibration.json", run / "merged" / "loracls_input.json"):
+        saved = json.loads(saved_at.read_text())
+        saved_at.write_text(json.dumps({**saved, "decision": {**saved["decision"], "temperature": 2.5}}))
     from_run = Classifier(str(run), lambda *a: None)  # the tiny run trained in fp32
     from_merged = Classifier(str(run / "merged"), lambda *a: None, precision="fp32")
     assert from_run.temperature == from_merged.temperature == 2.5
@@ -70,6 +71,7 @@ def test_the_temperature_reaches_predict_from_a_run_and_from_the_merged_model(tr
     logits = from_run.logits(from_run.encode(texts).ids)
     assert np.allclose(from_run.probabilities(texts), softmax(logits / 2.5), atol=1e-6)
     assert np.allclose(from_run.probabilities(texts), from_merged.probabilities(texts), atol=1e-5)
-    (run / "adapter" / "loracls_calibration.json").write_text('{"temperature": -1}')
+    negative = {"decision": {"problem": "single_label", "temperature": -1}}
+    (run / "adapter" / "loracls_calibration.json").write_text(json.dumps(negative))
     with pytest.raises(Exception, match="temperature must be a positive finite number"):
         Classifier(str(run), lambda *a: None)

@@ -22,8 +22,9 @@ def test_onnx_export_matches_pytorch(run_copy, capsys):
     pytest.importorskip("onnxscript")
     assert main(["export", str(run_copy), "--format", "onnx"]) == 0
     check = json.loads(capsys.readouterr().out)
-    assert check["examples"] == 60 and check["max_probability_difference"] < 1e-3 and check["label_agreement"] == 1.0
-    assert check["onnxruntime_texts_per_second"] > 0 and check["torch_texts_per_second"] > 0
+    assert check["examples"] == 60 and check["max_probability_difference"] < 1e-3 and check["disagreements"] == 0
+    assert check["format"] == "onnx" and check["predictions_equal"]
+    assert check["texts_per_second"] > 0 and check["reference_texts_per_second"] > 0
     folder = run_copy / "onnx"
     assert (folder / "model.onnx").is_file() and (folder / "tokenizer.json").is_file()
     assert json.loads((folder / "labels.json").read_text()) == {"0": "neg", "1": "pos"}
@@ -48,7 +49,7 @@ def test_onnx_export_matches_pytorch(run_copy, capsys):
     assert main(["export", str(run_copy), "--format", "onnx"]) == 2
     assert "add --force to replace it" in capsys.readouterr().err
     assert main(["export", str(run_copy), "--format", "onnx", "--force"]) == 0
-    assert json.loads(capsys.readouterr().out)["label_agreement"] == 1.0
+    assert json.loads(capsys.readouterr().out)["disagreements"] == 0
     assert not [p.name for p in run_copy.glob(".onnx.*")]
     other = run_copy / "predictions"
     assert main(["export", str(run_copy), "--format", "onnx", "--force", "--out", str(other)]) == 2

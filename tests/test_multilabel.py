@@ -13,9 +13,8 @@ from conftest import NEGATIVE, NEUTRAL, POSITIVE, tiny_overrides
 from loracls.cli import main
 from loracls.config import load_config
 from loracls.data.splits import class_weight_vector, load_dataset
-from loracls.decision import Decision, multi_hot, training_loss, tune_thresholds
 from loracls.errors import LoraclsError
-from loracls.metrics import multilabel_metrics
+from loracls.problems import PROBLEMS, Decision, multi_hot, tune_thresholds
 
 GROUPS = {"pos": POSITIVE, "neg": NEGATIVE, "meh": ["ok", "meh", "neutral"]}
 
@@ -55,7 +54,7 @@ def _config(path, **values):
 def test_label_cells_lists_separators_and_json_text(sets_jsonl, tmp_path):
     frame = label_sets_frame(400)
     listed = load_dataset(_config(sets_jsonl))
-    assert listed.multi_label and listed.id2label == {0: "meh", 1: "neg", 2: "pos"}
+    assert listed.problem == "multi_label" and listed.id2label == {0: "meh", 1: "neg", 2: "pos"}
     separated = tmp_path / "sets.csv"
     frame.assign(label=frame.label.map("|".join)).to_csv(separated, index=False)
     by_separator = load_dataset(_config(separated, label_separator="|"))
@@ -129,8 +128,8 @@ def test_case_twins_and_conflicting_sets(tmp_path):
     ],
 )
 def test_config_refuses_what_label_sets_cannot_do(sets_jsonl, values, message):
-    with pytest.raises(LoraclsError, match=message):
-        _config(sets_jsonl, **values)
+    with pytest.raises(LoraclsError, match=message):  # each problem type checks the config when data loads
+        load_dataset(_config(sets_jsonl, **values))
 
 
 def test_balanced_weights_are_bce_pos_weights(sets_jsonl):
@@ -145,11 +144,12 @@ def test_bce_loss_is_the_mean_over_examples_and_labels_whatever_the_micro_batche
     torch.manual_seed(0)
     logits, targets = torch.randn(6, 3), torch.from_numpy(multi_hot([[0], [1, 2], [], [0, 1, 2], [2], [1]], 3))
     whole = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
-    parts = sum(training_loss(logits[i : i + 2], targets[i : i + 2], None, True, 6) for i in range(0, 6, 2))
+    loss = PROBLEMS["multi_label"].loss
+    parts = sum(loss(logits[i : i + 2], targets[i : i + 2], None, 6) for i in range(0, 6, 2))
     assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
     weight = torch.tensor([1.0, 2.0, 3.0])
     weighted = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, pos_weight=weight)
-    assert training_loss(logits, targets, weight, True, 6).item() == pytest.approx(weighted.item(), rel=1e-6)
+    assert loss(logits, targets, weight, 6).item() == pytest.approx(weighted.item(), rel=1e-6)
 
 
 def test_thresholds_maximise_each_labels_validation_f1():
@@ -167,7 +167,8 @@ def test_thresholds_maximise_each_labels_validation_f1():
 def test_set_metrics_match_sklearn():
     truth = [[0], [0, 1], [], [2], [1, 2]]
     probs = np.array([[0.9, 0.2, 0.1], [0.8, 0.4, 0.3], [0.1, 0.1, 0.7], [0.2, 0.3, 0.9], [0.3, 0.6, 0.6]])
-    metrics = multilabel_metrics(truth, probs, {0: "a", 1: "b", 2: "c"}, [0.5, 0.35, 0.5])
+    decision = Decision("multi_label", thresholds=[0.5, 0.35, 0.5])
+    metrics = PROBLEMS["multi_label"].metrics(truth, probs, {0: "a", 1: "b", 2: "c"}, decision)
     chosen = probs >= np.array([0.5, 0.35, 0.5])
     hot = multi_hot(truth, 3)
     assert metrics.accuracy == pytest.approx(np.mean((chosen == hot).all(axis=1)))
@@ -193,12 +194,12 @@ def test_train_saves_thresholds_and_set_metrics(multilabel_run):
     metrics = runs.read_metrics(multilabel_run)
     assert metrics.problem == "multi_label" and metrics.calibration is None
     assert 0 <= metrics.test.micro_f1 <= 1 and set(metrics.test.per_class) == {"meh", "neg", "pos"}
-    decision = runs.read_decision(multilabel_run / runs.ADAPTER / runs.CALIBRATION)
-    assert decision.multi_label and list(metrics.test.thresholds.values()) == decision.thresholds
+    decision = runs.read_decision(multilabel_run)
+    assert decision.problem == "multi_label" and list(metrics.test.thresholds.values()) == decision.thresholds
     merged = json.loads((multilabel_run / "merged" / "config.json").read_text())
     assert merged["problem_type"] == "multi_label_classification"
     fmt = json.loads((multilabel_run / "merged" / "loracls_input.json").read_text())
-    assert fmt["problem"] == "multi_label" and fmt["thresholds"] == decision.thresholds
+    assert fmt["decision"]["problem"] == "multi_label" and fmt["decision"]["thresholds"] == decision.thresholds
     assert metrics.export.predictions_equal
     rows = [json.loads(line) for line in (multilabel_run / "predictions" / "test.jsonl").read_text().splitlines()]
     assert all(isinstance(r["label"], list) and isinstance(r["prediction"], list) for r in rows)
@@ -216,7 +217,7 @@ def test_predict_evaluate_and_report_show_label_sets(multilabel_run, tmp_path, c
     assert main(["predict", str(multilabel_run), "--file", str(texts)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2 and all(isinstance(r["prediction"], list) for r in rows)
-    decision = runs.read_decision(multilabel_run / runs.ADAPTER / runs.CALIBRATION)
+    decision = runs.read_decision(multilabel_run)
     for row in rows:
         chosen = [name for (name, p), cut in zip(row["probabilities"].items(), decision.thresholds) if p >= cut]
         assert row["prediction"] == chosen
@@ -242,7 +243,7 @@ def test_server_returns_label_sets(multilabel_run):
 
     server = Server(multilabel_run / "merged")
     try:
-        decision = runs.read_decision(multilabel_run / runs.ADAPTER / runs.CALIBRATION)
+        decision = runs.read_decision(multilabel_run)
         info = server.client.get("/info").json()
         assert info["problem"] == "multi_label" and info["thresholds"] == decision.thresholds
         items = server.client.post("/classify", json={"input": ["good great film", "boring"]}).json()["data"]
@@ -271,7 +272,7 @@ def test_a_damaged_set_metrics_file_is_one_line(multilabel_run, tmp_path, capsys
     with pytest.raises(LoraclsError, match=r"metrics.json: test.thresholds: Input should be a valid dictionary"):
         runs.read_metrics(run)
     decision = run / runs.ADAPTER / runs.CALIBRATION
-    decision.write_text(json.dumps({"problem": "multi_label", "thresholds": [0.5, 1.5, 0.5]}))
+    decision.write_text(json.dumps({"decision": {"problem": "multi_label", "thresholds": [0.5, 1.5, 0.5]}}))
     assert main(["predict", str(run), "--text", "good film"]) == 2
     assert "thresholds must lie strictly between 0 and 1" in capsys.readouterr().err
 

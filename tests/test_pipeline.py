@@ -110,7 +110,8 @@ def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, c
     assert main(["train", *args]) == 0
     run = tmp_path / "run"
     saved = json.loads((run / "merged" / "loracls_input.json").read_text())
-    assert saved["input_template"] == "the {text} was" and saved["max_length"] == 32 and saved["temperature"] > 0
+    assert saved["input_template"] == "the {text} was" and saved["max_length"] == 32
+    assert saved["decision"]["temperature"] > 0
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["export"]["predictions_equal"]
     row = read_jsonl(run / "predictions" / "test.jsonl")[0]

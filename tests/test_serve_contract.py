@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from loracls.data.batching import Encoded
 from loracls.inference.server import create_app
+from loracls.problems import Decision
 
 
 class FakeClassifier:
@@ -28,9 +29,8 @@ class FakeClassifier:
         self.labels = ["neg", "pos"] if not multi_label else ["joy", "fear", "anger"]
         self.max_length, self.long_text, self.precision = max_length, long_text, "float32"
         self.multi_label = multi_label
-        self.decision = SimpleNamespace(
-            problem="multi_label" if multi_label else "single_label", thresholds=[0.5] * 3 if multi_label else None
-        )
+        self.decision = Decision("multi_label" if multi_label else "single_label", thresholds=None)
+        self.id2label = dict(enumerate(self.labels))
         self.temperature = None if multi_label else 1.0
         self.runtime = SimpleNamespace(device="cpu")
         self.batches, self.gate = [], gate

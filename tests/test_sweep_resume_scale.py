@@ -120,9 +120,9 @@ def test_resume_after_kill_matches_an_uninterrupted_run(gemma3_dir, data_csv, tm
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(
     gemma3_dir, data_csv, tmp_path, monkeypatch, capsys
 ):
-    import loracls.decision as train_module  # where the training loss is computed
+    from loracls.problems import SingleLabel  # a fault injected into the loss of one label a text
 
-    real = train_module.F.cross_entropy
+    real = SingleLabel.loss
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -130,7 +130,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_best_adapter(
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls["n"] > 40 else loss
 
-    monkeypatch.setattr(train_module.F, "cross_entropy", poisoned)
+    monkeypatch.setattr(SingleLabel, "loss", poisoned)
     args = tiny_overrides(gemma3_dir, data_csv, tmp_path, baseline=False, micro_batch_size=8)  # 2 passes a step
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err

@@ -99,7 +99,7 @@ def cmd_export(args) -> None:
         if args.format == "onnx":
             from loracls.inference.onnx_export import export_onnx
 
-            print(json_line(export_onnx(args.run, args.out, log, replace=args.force)))
+            print(json_line(runs.to_dict(export_onnx(args.run, args.out, log, replace=args.force))))
             return
         from loracls.inference.export import remerge
 

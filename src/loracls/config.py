@@ -181,31 +181,12 @@ class Config:
                 raise LoraclsError(f"config: class_weights must map labels to finite weights > 0, got {bad or weights}")
 
     def _check_problem(self) -> None:
-        if self.problem == "single_label":
-            if self.label_separator is not None:
-                raise LoraclsError("config: label_separator splits label sets: it needs problem: multi_label")
-            return
+        """What only one problem type allows is refused by that type (`Problem.check_config`, when data loads)."""
         if self.label_separator == "":
             raise LoraclsError("config: label_separator must not be empty")
-        if self.balance:
-            raise LoraclsError(
-                "config: balance: true needs one label a text; multi_label splits keep the data's "
-                "proportions of label sets"
-            )
-        if self.head_init == "verbalizer":
-            raise LoraclsError(
-                "config: head_init: verbalizer reads one label word after a prompt; with "
-                "problem: multi_label use zero or random"
-            )
-
-    @property
-    def multi_label(self) -> bool:
-        return self.problem == "multi_label"
 
     @property
     def balanced_splits(self) -> bool:
-        if self.multi_label:
-            return False
         return self.data == EMBEDDED_DATA if self.balance is None else self.balance
 
     def to_dict(self) -> dict:

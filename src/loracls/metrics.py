@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Literal
 
 import numpy as np
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
-
-from loracls.decision import DEFAULT_THRESHOLD, Decision, multi_hot
 
 
 @dataclass
@@ -37,6 +35,23 @@ class ClassificationMetrics:
     per_class: dict[str, ClassMetrics]
     confusion_matrix: ConfusionMatrix
     examples: int
+    problem: Literal["single_label"] = "single_label"
+
+    def text(self) -> str:
+        """The metrics as a plain-text table, for the log."""
+        names = self.confusion_matrix.labels
+        width = max(8, *(len(n) for n in names))
+        lines = [
+            f"accuracy {self.accuracy:.4f}   macro F1 {self.macro_f1:.4f}   ({self.examples} examples)",
+            f"{'class':<{width}}  precision  recall     f1  support",
+        ]
+        for name, row in self.per_class.items():
+            lines.append(f"{name:<{width}}  {row.precision:9.4f}  {row.recall:6.4f}  {row.f1:5.4f}  {row.support:7d}")
+        lines.append("confusion matrix (rows: true, columns: predicted)")
+        lines.append(" " * width + "  " + "  ".join(f"{n:>{width}}" for n in names))
+        for name, row in zip(names, self.confusion_matrix.matrix):
+            lines.append(f"{name:<{width}}  " + "  ".join(f"{v:>{width}d}" for v in row))
+        return "\n".join(lines)
 
 
 def classification_metrics(labels: list[int], probs: np.ndarray, id2label: dict[int, str]) -> ClassificationMetrics:
@@ -72,32 +87,33 @@ class MultiLabelMetrics:
     thresholds: dict[str, float]  # the per-label thresholds the predictions used
     mean_labels: float  # labels per text, true sets
     mean_predicted_labels: float
+    problem: Literal["multi_label"] = "multi_label"
 
-
-def _problem_of(value) -> str:
-    """Which record a metrics mapping (or object) is: label sets have micro F1."""
-    has_micro = "micro_f1" in value if isinstance(value, dict) else hasattr(value, "micro_f1")
-    return "multi_label" if has_micro else "single_label"
-
-
-def _discriminated():
-    from pydantic import Discriminator, Tag
-
-    return Annotated[
-        Annotated[ClassificationMetrics, Tag("single_label")] | Annotated[MultiLabelMetrics, Tag("multi_label")],
-        Discriminator(_problem_of),
-    ]
+    def text(self) -> str:
+        """The metrics as a plain-text table, for the log."""
+        width = max(8, *(len(n) for n in self.per_class))
+        lines = [
+            f"subset accuracy {self.accuracy:.4f}   micro F1 {self.micro_f1:.4f}   macro F1 "
+            f"{self.macro_f1:.4f}   ({self.examples} examples; {self.mean_labels:.2f} labels a text, "
+            f"{self.mean_predicted_labels:.2f} predicted)",
+            f"{'label':<{width}}  threshold  precision  recall     f1  support",
+        ]
+        for name, row in self.per_class.items():
+            lines.append(
+                f"{name:<{width}}  {self.thresholds[name]:9.2f}  {row.precision:9.4f}  {row.recall:6.4f}  "
+                f"{row.f1:5.4f}  {row.support:7d}"
+            )
+        return "\n".join(lines)
 
 
 def multilabel_metrics(
-    label_sets: list[list[int]], probs: np.ndarray, id2label: dict[int, str], thresholds: list[float] | None = None
+    truth: np.ndarray, chosen: np.ndarray, id2label: dict[int, str], thresholds: list[float]
 ) -> MultiLabelMetrics:
+    """From boolean [texts, labels] arrays: the true label sets and the chosen ones (at `thresholds`)."""
     ids = sorted(id2label)
-    decision = Decision("multi_label", thresholds=thresholds)
-    truth, chosen = multi_hot(label_sets, len(ids)).astype(int), decision.chosen(probs).astype(int)
+    truth, chosen = truth.astype(int), chosen.astype(int)
     precision, recall, f1, support = precision_recall_fscore_support(truth, chosen, zero_division=0)
     micro = precision_recall_fscore_support(truth, chosen, average="micro", zero_division=0)[2]
-    cuts = thresholds or [DEFAULT_THRESHOLD] * len(ids)
     return MultiLabelMetrics(
         accuracy=float(accuracy_score(truth, chosen)),
         micro_f1=float(micro),
@@ -105,69 +121,12 @@ def multilabel_metrics(
         per_class={
             id2label[k]: ClassMetrics(float(precision[k]), float(recall[k]), float(f1[k]), int(support[k])) for k in ids
         },
-        examples=len(label_sets),
-        thresholds={id2label[k]: float(cuts[k]) for k in ids},
+        examples=len(truth),
+        thresholds={id2label[k]: float(thresholds[k]) for k in ids},
         mean_labels=float(truth.sum(axis=1).mean()) if len(truth) else 0.0,
         mean_predicted_labels=float(chosen.sum(axis=1).mean()) if len(chosen) else 0.0,
     )
 
 
-# the test metrics of either problem, as a field of a run record: validated as the one its keys say
-AnyMetrics = _discriminated()
-
-
-def evaluation_metrics(labels: list, probs: np.ndarray, id2label: dict[int, str], decision=None):
-    """The metrics of either kind of problem, by the decision that turns probabilities into labels."""
-    if decision is not None and decision.multi_label:
-        return multilabel_metrics(labels, probs, id2label, decision.thresholds)
-    return classification_metrics(labels, probs, id2label)
-
-
-def prediction_rows(
-    texts: list[str], labels: list | None, probs: np.ndarray, id2label: dict[int, str], decision=None
-) -> list[dict]:
-    """One row a text: its label (or label set) when known, the prediction, and every label's probability."""
-    decision = decision or Decision()
-    rows = []
-    for i, text in enumerate(texts):
-        row = {"text": text}
-        if labels is not None:
-            row["label"] = [id2label[k] for k in labels[i]] if decision.multi_label else id2label[labels[i]]
-        row["prediction"] = decision.label_of(probs[i], id2label)
-        row["probabilities"] = {id2label[k]: round(float(p), 6) for k, p in enumerate(probs[i])}
-        rows.append(row)
-    return rows
-
-
 def format_metrics(metrics: ClassificationMetrics | MultiLabelMetrics) -> str:
-    if isinstance(metrics, MultiLabelMetrics):
-        return _format_multilabel(metrics)
-    names = metrics.confusion_matrix.labels
-    width = max(8, *(len(n) for n in names))
-    lines = [
-        f"accuracy {metrics.accuracy:.4f}   macro F1 {metrics.macro_f1:.4f}   ({metrics.examples} examples)",
-        f"{'class':<{width}}  precision  recall     f1  support",
-    ]
-    for name, row in metrics.per_class.items():
-        lines.append(f"{name:<{width}}  {row.precision:9.4f}  {row.recall:6.4f}  {row.f1:5.4f}  {row.support:7d}")
-    lines.append("confusion matrix (rows: true, columns: predicted)")
-    lines.append(" " * width + "  " + "  ".join(f"{n:>{width}}" for n in names))
-    for name, row in zip(names, metrics.confusion_matrix.matrix):
-        lines.append(f"{name:<{width}}  " + "  ".join(f"{v:>{width}d}" for v in row))
-    return "\n".join(lines)
-
-
-def _format_multilabel(metrics: MultiLabelMetrics) -> str:
-    width = max(8, *(len(n) for n in metrics.per_class))
-    lines = [
-        f"subset accuracy {metrics.accuracy:.4f}   micro F1 {metrics.micro_f1:.4f}   macro F1 "
-        f"{metrics.macro_f1:.4f}   ({metrics.examples} examples; {metrics.mean_labels:.2f} labels a text, "
-        f"{metrics.mean_predicted_labels:.2f} predicted)",
-        f"{'label':<{width}}  threshold  precision  recall     f1  support",
-    ]
-    for name, row in metrics.per_class.items():
-        lines.append(
-            f"{name:<{width}}  {metrics.thresholds[name]:9.2f}  {row.precision:9.4f}  {row.recall:6.4f}  "
-            f"{row.f1:5.4f}  {row.support:7d}"
-        )
-    return "\n".join(lines)
+    return metrics.text()

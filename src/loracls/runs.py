@@ -18,9 +18,9 @@ from pydantic import TypeAdapter, ValidationError
 from loracls import files
 from loracls.calibration import CalibrationRecord
 from loracls.config import check_run_name, from_dict, read_mapping
-from loracls.decision import Decision
 from loracls.errors import LoraclsError
-from loracls.metrics import AnyMetrics, ClassificationMetrics
+from loracls.metrics import ClassificationMetrics
+from loracls.problems import PROBLEMS, AnyMetrics, Decision
 from loracls.verdict import Verdict
 
 # file names inside a run directory
@@ -36,7 +36,8 @@ ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
 CHECKPOINT = "checkpoint.pt"
-CALIBRATION = "loracls_calibration.json"  # inside adapter/: the Decision (temperature or per-label thresholds)
+CALIBRATION = "loracls_calibration.json"  # inside adapter/: its InputFormat (the decision fitted on validation)
+INPUT_FORMAT = "loracls_input.json"  # beside an exported model (merged/, onnx/): the same InputFormat
 LOCK = ".loracls.lock"  # held (flock) by the one process that writes the run: train, export, sweep
 
 
@@ -140,12 +141,18 @@ class ModelSummary:
 
 @dataclass
 class ExportCheck:
+    """An export (merged weights, ONNX) checked against the adapter or PyTorch on the test split."""
+
     examples: int
-    predictions_equal: bool
+    predictions_equal: bool  # no disagreement beyond a tie
     disagreements: int
     disagreements_beyond_ties: int
     max_probability_difference: float
-    dtype: str = "fp32"  # of the merged weights
+    dtype: str = "fp32"  # of the exported weights
+    format: str = "merged"  # merged | onnx
+    file: str | None = None
+    texts_per_second: float | None = None  # the export's, on the test split
+    reference_texts_per_second: float | None = None  # what it was checked against (PyTorch), same texts
 
 
 @dataclass
@@ -168,7 +175,7 @@ class Metrics:
 
 
 Record = TypeVar("Record")
-PROBLEM_TAGS = ("single_label", "multi_label")  # which member of AnyMetrics: not a place in the file
+PROBLEM_TAGS = tuple(PROBLEMS)  # which member of AnyMetrics: not a place in the file
 
 
 def to_dict(record) -> dict:
@@ -209,16 +216,35 @@ def read_encoder(run: Path) -> EncoderRecord:
     return read_record(run / ENCODER, EncoderRecord)
 
 
-def read_decision(path: Path) -> Decision:
-    """The saved Decision beside an adapter (older runs hold only {"temperature": T}); the default where none
-    was saved. Temperatures must be positive and finite, thresholds strictly between 0 and 1."""
-    if not path.is_file():
-        return Decision()
-    return parse_record(Decision, files.read_json(path, "run file"), str(path))
+@dataclass
+class InputFormat:
+    """How callers must turn texts into inputs and logits into labels: the template and length trained
+    with, what happens to longer texts, and the decision fitted on validation. One schema for
+    adapter/loracls_calibration.json and the loracls_input.json beside every export."""
+
+    input_template: str | None = None
+    max_length: int = 512
+    long_text: str = "truncate"
+    chunk_stride: int | None = None
+    decision: Decision = field(default_factory=Decision)
+
+    @classmethod
+    def of_run(cls, config, decision: Decision) -> InputFormat:
+        return cls(config.input_template, config.max_length, config.long_text, config.chunk_stride, decision)
+
+    def write(self, path: Path) -> None:
+        write_record(path, self)
+
+    @classmethod
+    def read(cls, path: Path) -> InputFormat:
+        """The saved format (the defaults where none was saved); a temperature must be positive and finite,
+        thresholds strictly between 0 and 1."""
+        return read_record(path, cls) if path.is_file() else cls()
 
 
-def write_decision(path: Path, decision: Decision) -> None:
-    write_record(path, decision)
+def read_decision(run: Path) -> Decision:
+    """The decision saved beside a run's adapter."""
+    return InputFormat.read(run / ADAPTER / CALIBRATION).decision
 
 
 def read_env(run: Path) -> dict[str, str | int | float | bool | None]:

@@ -17,14 +17,12 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
-from loracls.calibration import calibrate
 from loracls.data.batching import collate, length_grouped_batches
 from loracls.data.splits import Dataset
-from loracls.decision import Decision, label_tensor, mean_loss, sigmoid, training_loss, tune_thresholds
 from loracls.errors import LoraclsError, first_line
-from loracls.metrics import evaluation_metrics
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_encoder_dir
+from loracls.problems import Decision, evaluation
 from loracls.runs import EncoderRecord
 
 WARMUP_SHARE = 0.1  # of all steps: the usual recipe for fine-tuning BERT-like encoders
@@ -50,7 +48,7 @@ def check_encoder(spec: str, log=print) -> None:
 def _load(spec: str, dataset: Dataset, log):
     directory = resolve_encoder_dir(spec, log)
     tokenizer, labels = _tokenizer(spec, directory), dataset.id2label
-    problem_type = "multi_label_classification" if dataset.multi_label else "single_label_classification"
+    problem_type = dataset.kind.hf_problem_type
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             str(directory),
@@ -93,14 +91,14 @@ class EncoderFit:
 
     def validation_score(self) -> float:
         """The config's select_by on validation, higher is better (loss is negated)."""
-        labels = self.dataset.validation.labels
+        split = self.dataset.validation
         probs = self.decision.probabilities(self.logits("validation"))
+        scored = evaluation(split.texts, split.labels, probs, self.dataset.id2label, self.decision)
         if self.config.select_by == "loss":
-            return -mean_loss(probs, labels, self.decision.multi_label)
-        metrics = evaluation_metrics(labels, probs, self.dataset.id2label, self.decision)
+            return -scored.loss
         if self.config.select_by == "macro_f1":
-            return metrics.macro_f1
-        return metrics.micro_f1 if self.decision.multi_label else metrics.accuracy
+            return scored.metrics.macro_f1
+        return self.dataset.kind.headline(scored.metrics)
 
     def _epoch(self, optimizer, scheduler, epoch: int) -> None:
         split, config = self.dataset.train, self.config
@@ -110,18 +108,15 @@ class EncoderFit:
         self.model.train()
         for rows in batches:
             batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
-            targets = label_tensor(
-                [split.labels[i] for i in rows],
-                len(self.dataset.id2label),
-                self.decision.multi_label,
-                self.runtime.device,
+            targets = self.dataset.kind.targets(
+                [split.labels[i] for i in rows], len(self.dataset.id2label), self.runtime.device
             )
             with self.runtime.autocast:
                 logits = self.model(
                     input_ids=batch["input_ids"].to(self.runtime.device),
                     attention_mask=batch["attention_mask"].to(self.runtime.device),
                 ).logits
-            loss = training_loss(logits.float(), targets, None, self.decision.multi_label, len(rows))
+            loss = self.dataset.kind.loss(logits.float(), targets, None, len(rows))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             optimizer.step()
@@ -147,16 +142,6 @@ class EncoderFit:
         return best[0], best[1]
 
 
-def _decide(fit: EncoderFit, validation_logits: np.ndarray, test_logits: np.ndarray) -> tuple[Decision, float | None]:
-    """The same decision LoRA gets: a temperature (single_label) or per-label thresholds, fitted on validation."""
-    dataset = fit.dataset
-    if dataset.multi_label:
-        thresholds = tune_thresholds(sigmoid(validation_logits), dataset.validation.labels)
-        return Decision("multi_label", thresholds=thresholds), None
-    record = calibrate(validation_logits, dataset.validation.labels, test_logits, dataset.test.labels)
-    return Decision(temperature=record.temperature), record.after.ece
-
-
 def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
     started = time.perf_counter()
     torch.manual_seed(config.seed)  # the new head's init and dropout follow the seed
@@ -167,7 +152,9 @@ def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
     scored = time.perf_counter()
     test_logits = fit.logits("test")
     texts_per_second = len(fit.ids["test"]) / max(time.perf_counter() - scored, 1e-9)
-    decision, ece = _decide(fit, validation_logits, test_logits)
+    decision, calibration = dataset.kind.fit_decision(
+        validation_logits, dataset.validation.labels, test_logits, dataset.test.labels
+    )
     parameters = sum(p.numel() for p in fit.model.parameters())
     record = EncoderRecord(
         model=config.encoder_model,
@@ -175,9 +162,9 @@ def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
         best_epoch=best_epoch,
         learning_rate=config.encoder_learning_rate,
         validation_score=score,
-        test=evaluation_metrics(dataset.test.labels, decision.probabilities(test_logits), dataset.id2label, decision),
+        test=dataset.kind.metrics(dataset.test.labels, decision.probabilities(test_logits), dataset.id2label, decision),
         temperature=decision.temperature,
-        test_ece=ece,
+        test_ece=None if calibration is None else calibration.after.ece,
         train_seconds=train_seconds,
         texts_per_second=texts_per_second,
         parameters=parameters,
@@ -186,7 +173,7 @@ def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
     )
     log(
         f"baseline (encoder {config.encoder_model}, fine-tuned, best epoch {best_epoch}/{config.encoder_epochs}): "
-        f"test {'subset accuracy' if dataset.multi_label else 'accuracy'} {record.test.accuracy:.4f}, macro F1 "
+        f"test {dataset.kind.accuracy_name} {record.test.accuracy:.4f}, macro F1 "
         f"{record.test.macro_f1:.4f} ({train_seconds:.0f}s to train, {texts_per_second:.0f} texts/s)"
     )
     return record

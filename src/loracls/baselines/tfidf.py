@@ -11,10 +11,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.multiclass import OneVsRestClassifier
 from sklearn.pipeline import FeatureUnion
 
-from loracls.calibration import reliability
 from loracls.data.splits import Dataset
-from loracls.decision import Decision, multi_hot, tune_thresholds
-from loracls.metrics import evaluation_metrics
+from loracls.problems import Decision
 from loracls.runs import TfidfRecord
 
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
@@ -34,18 +32,16 @@ def features() -> FeatureUnion:
     )
 
 
-def _fit(train, labels: list, c: float, seed: int, multi_label: bool, num_labels: int):
+def _fit(train, truth: np.ndarray, c: float, seed: int):
+    """One logistic regression (label ids), or one per label (a boolean [texts, labels] truth)."""
     model = LogisticRegression(C=c, max_iter=2000, random_state=seed)
-    if multi_label:  # one binary classifier per label
-        return OneVsRestClassifier(model).fit(train, multi_hot(labels, num_labels))
-    return model.fit(train, labels)
+    return OneVsRestClassifier(model).fit(train, truth) if truth.ndim == 2 else model.fit(train, truth)
 
 
-def _probabilities(model, features, num_labels: int, multi_label: bool) -> np.ndarray:
-    if multi_label:
-        return model.predict_proba(features)
+def _probabilities(model, features, num_labels: int) -> np.ndarray:
     probs = np.zeros((features.shape[0], num_labels))
-    probs[:, model.classes_] = model.predict_proba(features)  # a class absent from train keeps probability 0
+    columns = model.classes_ if hasattr(model, "coef_") else slice(None)  # one-vs-rest: a column per label
+    probs[:, columns] = model.predict_proba(features)  # a class absent from train keeps probability 0
     return probs
 
 
@@ -53,46 +49,35 @@ def run_tfidf(dataset: Dataset, seed: int, log=print) -> TfidfRecord:
     """C chosen on validation by accuracy (label sets: micro F1 at 0.5; then thresholds tuned per label on
     validation, as for LoRA)."""
     started = time.perf_counter()
-    union, multi, n = features(), dataset.multi_label, len(dataset.id2label)
+    kind, n = dataset.kind, len(dataset.id2label)
+    union = features()
     train = union.fit_transform(dataset.train.texts)
     validation = union.transform(dataset.validation.texts)
-    decision = Decision(dataset.problem)
-    best = None
+    decision, best = Decision(dataset.problem), None
     for c in C_GRID:  # the first of equal validation scores wins: the strongest regularisation
-        model = _fit(train, dataset.train.labels, c, seed, multi, n)
-        probs = _probabilities(model, validation, n, multi)
-        score = _validation_score(probs, dataset.validation.labels, decision, dataset.id2label)
+        model = _fit(train, kind.truth(dataset.train.labels, n), c, seed)
+        probs = _probabilities(model, validation, n)
+        score = kind.headline(kind.metrics(dataset.validation.labels, probs, dataset.id2label, decision))
         if best is None or score > best[1]:
             best = (c, score, model, probs)
     c, score, model, validation_probs = best
-    if multi:
-        decision = Decision("multi_label", thresholds=tune_thresholds(validation_probs, dataset.validation.labels))
+    decision = kind.decision_from_probabilities(validation_probs, dataset.validation.labels)
     seconds, scored = time.perf_counter() - started, time.perf_counter()
-    probs = _probabilities(model, union.transform(dataset.test.texts), n, multi)
+    probs = _probabilities(model, union.transform(dataset.test.texts), n)
     texts_per_second = len(dataset.test.texts) / max(time.perf_counter() - scored, 1e-9)
     record = TfidfRecord(
         c=c,
         validation_accuracy=score,
-        test=evaluation_metrics(dataset.test.labels, probs, dataset.id2label, decision),
+        test=kind.metrics(dataset.test.labels, probs, dataset.id2label, decision),
         seconds=seconds,
         features=int(train.shape[1]),
         texts_per_second=texts_per_second,
-        ece=None if multi else reliability(probs, dataset.test.labels)[0],
+        ece=kind.ece(probs, dataset.test.labels),
         parameters=_coefficients(model),
     )
-    extra = f", micro F1 {record.test.micro_f1:.4f}" if multi else ""
-    log(
-        f"baseline (TF-IDF + logistic regression, C={c:g} on validation): test "
-        f"{'subset accuracy' if multi else 'accuracy'} {record.test.accuracy:.4f}{extra}, "
-        f"macro F1 {record.test.macro_f1:.4f} ({record.seconds:.1f}s)"
-    )
+    scores = ", ".join(f"{name} {value:.4f}" for name, value in zip(kind.score_names, kind.scores(record.test)))
+    log(f"baseline (TF-IDF + logistic regression, C={c:g} on validation): test {scores} ({record.seconds:.1f}s)")
     return record
-
-
-def _validation_score(probs: np.ndarray, labels: list, decision: Decision, id2label: dict[int, str]) -> float:
-    if decision.multi_label:
-        return evaluation_metrics(labels, probs, id2label, decision).micro_f1
-    return float((probs.argmax(axis=1) == np.asarray(labels)).mean())
 
 
 def _coefficients(model) -> int:

@@ -8,17 +8,16 @@ texts in the given train and evaluation files.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from loracls.config import EMBEDDED_DATA, Config
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
+from loracls.problems import Problem, problem_for
 
 OVERLAP_LIMIT = 0.01  # given splits may share at most this share of an evaluation split's texts with train
 
@@ -26,7 +25,7 @@ OVERLAP_LIMIT = 0.01  # given splits may share at most this share of an evaluati
 @dataclass
 class Split:
     texts: list[str]
-    labels: list  # a label id per text; multi_label: a sorted list of label ids per text (maybe empty)
+    labels: list  # a label per text, as its problem type stores it (`Problem.label_ids`)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -39,11 +38,11 @@ class Dataset:
     test: Split
     id2label: dict[int, str]
     notes: list[str] = field(default_factory=list)  # what the checks found and did, for the data summary
-    multi_label: bool = False
+    problem: str = "single_label"  # a registered problem type's name
 
     @property
-    def problem(self) -> str:
-        return "multi_label" if self.multi_label else "single_label"
+    def kind(self) -> Problem:
+        return problem_for(self.problem)
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -52,11 +51,10 @@ class Dataset:
     def class_counts(self) -> dict[str, dict[str, int]]:
         out = {}
         for split_name in ("train", "validation", "test"):
-            split = getattr(self, split_name)
-            if self.multi_label:  # texts that carry each label
-                out[split_name] = {name: sum(i in ids for ids in split.labels) for i, name in self.id2label.items()}
-            else:
-                out[split_name] = {name: split.labels.count(i) for i, name in self.id2label.items()}
+            labels = getattr(self, split_name).labels
+            out[split_name] = {
+                name: sum(self.kind.carries(label, i) for label in labels) for i, name in self.id2label.items()
+            }
         return out
 
 
@@ -76,76 +74,15 @@ def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -
         )
     labels = frame[config.label_column]
     missing = labels.map(lambda v: v is None or (isinstance(v, float) and math.isnan(v)))
-    if config.multi_label:  # an empty cell (CSV reads it as missing) is the empty set
-        return _clean_label_sets(texts, labels.where(~missing, ""), config, source, notes)
-    if missing.any():
-        row = int(missing.to_numpy().nonzero()[0][0])
-        raise LoraclsError(f"{source}: missing label in column {config.label_column!r} at row {row}")
-    raw = labels.astype(str)
-    stripped = raw.str.strip()
-    if (stripped == "").any():
-        raise LoraclsError(
-            f"{source}: blank label in column {config.label_column!r} at row "
-            f"{int((stripped == '').to_numpy().nonzero()[0][0])}"
-        )
-    if changed := int((stripped != raw).sum()):
-        notes.append(f"{source}: removed surrounding spaces from {changed} label(s)")
-    _refuse_case_twins(set(stripped), source)
-    return pd.DataFrame({"text": texts.astype(str).values, "label": stripped.values})
+    kind = problem_for(config.problem)
+    cells = kind.clean_cells(labels, missing, config, source, notes)
+    _refuse_case_twins({name for cell in cells for name in kind.names_in(cell)}, source)
+    return pd.DataFrame({"text": texts.astype(str).values, "label": pd.Series(cells, dtype=object).values})
 
 
-def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str, ...]:
-    """One multi-label cell -> its sorted label names: a list (JSONL / Parquet), a JSON list in text ("[\"a\"]"),
-    text split by `label_separator`, or one label."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{") and text.endswith("}"):
-            raise LoraclsError(
-                f"{source}: row {row}: label cell {text[:40]!r} is a mapping, not a label set; give "
-                f"a list of labels or text split by label_separator"
-            )
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise LoraclsError(
-                    f"{source}: row {row}: label cell {text[:40]!r} starts like a JSON list but is not one"
-                ) from None
-        else:
-            value = [] if not text else text.split(separator) if separator is not None else [text]
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)):
-        raise LoraclsError(
-            f"{source}: row {row}: a multi_label cell must be a list of labels or text, got "
-            f"{type(value).__name__} {value!r:.40}"
-        )
-    odd = [v for v in value if not isinstance(v, str)]
-    if odd:
-        odd = odd[0]
-        raise LoraclsError(
-            f"{source}: row {row}: a multi_label cell must list label names as strings, got "
-            f"{type(odd).__name__} {odd!r:.40} in {value!r:.60}"
-        )
-    names = [str(v).strip() for v in value]
-    if any(not name for name in names):
-        raise LoraclsError(f"{source}: row {row}: blank label name in {value!r}")
-    return tuple(sorted(set(names)))
-
-
-def _clean_label_sets(
-    texts: pd.Series, labels: pd.Series, config: Config, source: str, notes: list[str]
-) -> pd.DataFrame:
-    sets = [_label_set(value, config.label_separator, source, row) for row, value in enumerate(labels)]
-    _refuse_case_twins({name for names in sets for name in names}, source)
-    if empty := sum(1 for names in sets if not names):
-        notes.append(f"{source}: {empty} text(s) carry no label (kept: an empty set is a valid answer)")
-    return pd.DataFrame({"text": texts.astype(str).values, "label": sets})
-
-
-def _names_in(frame: pd.DataFrame) -> set[str]:
-    """Every label name a cleaned table uses (its cells are names, or tuples of names for multi_label)."""
-    return {name for cell in frame["label"] for name in (cell if isinstance(cell, tuple) else (cell,))}
+def _names_in(frame: pd.DataFrame, kind: Problem) -> set[str]:
+    """Every label name a cleaned table uses."""
+    return {name for cell in frame["label"] for name in kind.names_in(cell)}
 
 
 def _refuse_case_twins(names: set[str], source: str) -> None:
@@ -193,7 +130,7 @@ def _check_overlap(dataset: Dataset, config: Config, notes: list[str]) -> None:
 
 
 def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
-    found = sorted(_names_in(frame))
+    found = sorted(_names_in(frame, problem_for(config.problem)))
     if config.labels is None:
         return found
     unknown = [name for name in found if name not in config.labels]
@@ -204,35 +141,29 @@ def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
     return list(config.labels)
 
 
-def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str) -> Split:
-    unknown = sorted(_names_in(frame) - set(label2id))
+def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str, kind: Problem) -> Split:
+    unknown = sorted(_names_in(frame, kind) - set(label2id))
     if unknown:
         raise LoraclsError(
             f"{source}: unknown label(s) {', '.join(map(repr, unknown))} not in training labels {', '.join(label2id)}"
         )
-    labels = [
-        sorted(label2id[name] for name in cell) if isinstance(cell, tuple) else label2id[cell]
-        for cell in frame["label"]
-    ]
-    return Split(list(frame["text"]), labels)
+    return Split(list(frame["text"]), [kind.label_ids(cell, label2id) for cell in frame["label"]])
 
 
 def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int], source: str) -> Split:
     """A user's labelled table checked like training data (columns, empty texts, known labels)."""
-    return _to_split(_clean(frame, config, source, []), label2id, source)
+    return _to_split(_clean(frame, config, source, []), label2id, source, problem_for(config.problem))
 
 
 def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple[pd.DataFrame, ...]:
     """Seeded train / validation / test splits: balanced (equal counts per class) or stratified (each split
     keeps the data's class proportions)."""
     rng = random.Random(config.seed)
-    if config.multi_label:  # stratified by label set: each split keeps the data's proportions of label sets
-        grouped: dict[tuple, list] = {}
-        for index, cell in zip(frame.index, frame["label"]):  # one pass, not one scan per label set
-            grouped.setdefault(cell, []).append(index)
-        by_class = dict(sorted(grouped.items()))
-    else:
-        by_class = {name: list(frame.index[frame["label"] == name]) for name in names}
+    grouped: dict[object, list] = {}
+    for index, cell in zip(frame.index, frame["label"]):  # one pass, not one scan per stratum
+        grouped.setdefault(cell, []).append(index)
+    strata = problem_for(config.problem).strata(list(grouped), names)
+    by_class = {key: grouped.get(key, []) for key in strata}
     for rows in by_class.values():
         rng.shuffle(rows)
     parts = _balanced(by_class, config) if config.balanced_splits else _stratified(by_class, config, len(frame))
@@ -303,6 +234,8 @@ def _read_checked(path: str, config: Config, notes: list[str]) -> pd.DataFrame:
 def load_dataset(config: Config) -> Dataset:
     """Read the configured data and return the three splits with label ids. Raises LoraclsError on bad input."""
     notes: list[str] = []
+    kind = problem_for(config.problem)
+    kind.check_config(config)
     train_frame = _read_checked(config.data, config, notes)
     names = _label_names(config, train_frame, config.data)
     _refuse_case_twins(set(names), "config labels")
@@ -318,19 +251,19 @@ def load_dataset(config: Config) -> Dataset:
         if len(train_frame) < before:
             notes.append(f"data: dropped {before - len(train_frame)} duplicate texts before splitting")
         train_frame, validation_frame, test_frame = _made_splits(train_frame, config, names)
-    present = sorted(_names_in(train_frame))
+    present = sorted(_names_in(train_frame, kind))
     if len(present) < 2:
         raise LoraclsError(
             f"{config.data}: the training split has only one class ({', '.join(present) or 'none'}); need at least two"
         )
     label2id = {name: i for i, name in enumerate(names)}
     dataset = Dataset(
-        train=_to_split(train_frame, label2id, config.data),
-        validation=_to_split(validation_frame, label2id, config.validation_data or config.data),
-        test=_to_split(test_frame, label2id, config.test_data or config.data),
+        train=_to_split(train_frame, label2id, config.data, kind),
+        validation=_to_split(validation_frame, label2id, config.validation_data or config.data, kind),
+        test=_to_split(test_frame, label2id, config.test_data or config.data, kind),
         id2label={i: name for name, i in label2id.items()},
         notes=notes,
-        multi_label=config.multi_label,
+        problem=config.problem,
     )
     if len(dataset.validation) == 0 or len(dataset.test) == 0:
         raise LoraclsError("data: the validation and test splits must not be empty")
@@ -342,7 +275,7 @@ def load_dataset(config: Config) -> Dataset:
 def format_counts(dataset: Dataset) -> str:
     lines = []
     for split_name, counts in dataset.class_counts().items():
-        total = len(getattr(dataset, split_name))  # texts (a multi_label text counts once per label it carries)
+        total = len(getattr(dataset, split_name))  # texts (a text with a label set counts once per label)
         lines.append(f"  {split_name:<10} {total:>6}  " + "  ".join(f"{n}={c}" for n, c in counts.items()))
     lines += [f"  note: {note}" for note in dataset.notes]
     return "\n".join(lines)
@@ -356,17 +289,8 @@ def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
     if weights == "none":
         return None
     names = dataset.id2label
-    if weights == "balanced" and dataset.multi_label:  # pos_weight per label: its negatives / its positives
-        carried = [sum(i in ids for ids in dataset.train.labels) for i in sorted(names)]
-        total = len(dataset.train)
-        return [float((total - n) / n) if n else 1.0 for n in carried]
     if weights == "balanced":
-        from sklearn.utils.class_weight import compute_class_weight
-
-        present = sorted(set(dataset.train.labels))
-        computed = compute_class_weight("balanced", classes=np.array(present), y=np.array(dataset.train.labels))
-        by_id = dict(zip(present, computed))
-        return [float(by_id.get(i, 1.0)) for i in sorted(names)]
+        return dataset.kind.balanced_weights(dataset.train.labels, len(names))
     unknown = sorted(set(weights) - set(names.values()))
     if unknown:
         raise LoraclsError(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from loracls import files, runs
 from loracls.errors import LoraclsError
-from loracls.metrics import MultiLabelMetrics
+from loracls.problems import problem_for
 
 REPORT = "report.html"
 
@@ -160,9 +160,8 @@ def _fmt(value) -> str:
 
 
 def _scores(metrics) -> list[float]:
-    """accuracy and macro F1; for label sets subset accuracy, micro F1 and macro F1."""
-    micro = getattr(metrics, "micro_f1", None)
-    return [metrics.accuracy, metrics.macro_f1] if micro is None else [metrics.accuracy, micro, metrics.macro_f1]
+    """The scores its problem type names (accuracy and macro F1; for label sets micro F1 too)."""
+    return problem_for(metrics.problem).scores(metrics)
 
 
 def _ladder(metrics: runs.Metrics, baseline: runs.BaselineRecord | None, tfidf) -> list[list]:
@@ -198,7 +197,7 @@ def _verdict_section(metrics: runs.Metrics, comparison: list[list], scores: list
         ]
         for r in verdict.rows
     ]
-    first = "subset accuracy" if isinstance(metrics.test, MultiLabelMetrics) else "accuracy"
+    first = problem_for(metrics.test.problem).accuracy_name
     return [
         f"<p><b>Verdict: {html.escape(verdict.reason)}.</b></p>",
         _table(["model", "what", first, "macro F1", "ECE", "train s", "texts/s (inference)", "parameters"], rows),
@@ -216,10 +215,10 @@ def write_report(run_path: str) -> Path:
     env = runs.read_env(run) if (run / runs.ENV).is_file() else {}
     baseline = runs.read_baseline(run) if (run / runs.BASELINE).is_file() else None
     tfidf = runs.read_tfidf(run) if (run / runs.TFIDF).is_file() else None
-    multi_label = isinstance(metrics.test, MultiLabelMetrics)
     _plot_curves(_read_jsonl(run / runs.TRAIN_LOG), run / "curves.png")
-    if not multi_label:
-        _plot_confusion(metrics.test.confusion_matrix, run / "confusion.png")
+    confusion = getattr(metrics.test, "confusion_matrix", None)  # one label a text: a confusion matrix
+    if confusion is not None:
+        _plot_confusion(confusion, run / "confusion.png")
     if metrics.calibration is not None:
         _plot_reliability(metrics.calibration, run / "reliability.png")
     files.write_text(
@@ -236,17 +235,17 @@ def write_report(run_path: str) -> Path:
 
 
 def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
-    multi_label = isinstance(metrics.test, MultiLabelMetrics)
-    thresholds = metrics.test.thresholds if multi_label else {}
+    kind = problem_for(metrics.test.problem)
+    thresholds = kind.thresholds(metrics.test)  # per label, where the problem type tunes them
     per_class = [
-        [label, *([thresholds[label]] if multi_label else []), row.precision, row.recall, row.f1, row.support]
+        [label, *([thresholds[label]] if thresholds else []), row.precision, row.recall, row.f1, row.support]
         for label, row in metrics.test.per_class.items()
     ]
     mistakes = [
         [_shown(r["label"]), _shown(r["prediction"]), _confidence_in_mistake(r), r["text"]]
         for r in confident_mistakes(test_rows)
     ]
-    scores = ["subset accuracy", "micro F1", "macro F1"] if multi_label else ["accuracy", "macro F1"]
+    scores = list(kind.score_names)
     train = metrics.train
     summary = [
         ["train steps", train.steps],
@@ -271,8 +270,8 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
         "<h2>Test report</h2>",
         _table(
             [
-                "label" if multi_label else "class",
-                *(["threshold"] if multi_label else []),
+                kind.label_heading,
+                *(["threshold"] if thresholds else []),
                 "precision",
                 "recall",
                 "F1",
@@ -280,7 +279,7 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
             ],
             [[r[0], *map(_fmt, r[1:])] for r in per_class],
         ),
-        "" if multi_label else '<img src="confusion.png" alt="confusion matrix">',
+        '<img src="confusion.png" alt="confusion matrix">' if hasattr(metrics.test, "confusion_matrix") else "",
         *_calibration_section(metrics.calibration),
         "<h2>Most confident mistakes</h2>",
         _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])

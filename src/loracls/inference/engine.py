@@ -13,7 +13,6 @@ from loracls import runs
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.inference.export import InputFormat
 from loracls.model.classifier import load_classifier, load_standalone
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
@@ -57,7 +56,7 @@ class Classifier:
         self.max_length, self.input_template = config.max_length, config.input_template
         self.long_text, self.chunk_stride = config.long_text, config.chunk_stride
         self.batch_size = config.eval_batch_size
-        self.decision = runs.read_decision(run / runs.ADAPTER / runs.CALIBRATION)
+        self.decision = runs.read_decision(run)
         self.runtime = setup_runtime(device or config.device, precision or config.precision, config.threads)
         merged = run / runs.MERGED
         if (merged / "config.json").is_file():
@@ -84,7 +83,7 @@ class Classifier:
         self.tokenizer = load_tokenizer(directory, log)
         self.name, self.source = directory.name, str(directory)
         self.id2label = {int(i): str(name) for i, name in self.model.config.id2label.items()}
-        fmt = InputFormat.read(directory)
+        fmt = runs.InputFormat.read(directory / runs.INPUT_FORMAT)
         self.input_template, self.max_length, self.decision = fmt.input_template, fmt.max_length, fmt.decision
         self.long_text, self.chunk_stride = fmt.long_text, fmt.chunk_stride
         self.batch_size = 32
@@ -107,10 +106,6 @@ class Classifier:
     @property
     def temperature(self) -> float:
         return self.decision.temperature
-
-    @property
-    def multi_label(self) -> bool:
-        return self.decision.multi_label
 
     def calibrated(self, logits: np.ndarray) -> np.ndarray:
         """Probabilities as fitted after training: softmax at the temperature, or a sigmoid per label."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,60 +9,17 @@ import torch
 from peft import PeftModel
 
 from loracls import files, runs
-from loracls.decision import Decision
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
 from loracls.model.classifier import is_generic, load_classifier, load_standalone, write_generic_module
 from loracls.model.scoring import predict_logits
-from loracls.runs import ExportCheck
+from loracls.problems import Decision
+from loracls.runs import INPUT_FORMAT, ExportCheck, InputFormat
 
 # predictions may differ only where the adapter's top two classes are this close: in fp32 the merge changes
 # nothing but rounding; bf16 weights (8 bits of mantissa) move probabilities by up to about a percent
 TIE_MARGINS = {"fp32": 1e-3, "bf16": 5e-2}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-INPUT_FORMAT = "loracls_input.json"  # how callers must turn texts into inputs and logits into probabilities
-
-
-@dataclass
-class InputFormat:
-    """loracls_input.json beside an exported model (merged/, onnx/): the template and length trained with,
-    what happens to longer texts, and how logits become labels: softmax(logits / T) and the top label, or
-    (multi_label) a sigmoid per label and its threshold."""
-
-    input_template: str | None = None
-    max_length: int = 512
-    long_text: str = "truncate"
-    chunk_stride: int | None = None
-    temperature: float = 1.0
-    problem: str = "single_label"
-    thresholds: list[float] | None = None
-
-    def __post_init__(self):
-        Decision(self.problem, self.temperature, self.thresholds)  # checks the temperature and thresholds
-
-    @property
-    def decision(self) -> Decision:
-        return Decision(self.problem, self.temperature, self.thresholds)
-
-    @classmethod
-    def of_run(cls, config, decision: Decision) -> InputFormat:
-        return cls(
-            config.input_template,
-            config.max_length,
-            config.long_text,
-            config.chunk_stride,
-            decision.temperature,
-            decision.problem,
-            decision.thresholds,
-        )
-
-    def write(self, directory: Path) -> None:
-        runs.write_record(directory / INPUT_FORMAT, self)
-
-    @classmethod
-    def read(cls, directory: Path) -> InputFormat:
-        path = directory / INPUT_FORMAT
-        return runs.read_record(path, cls) if path.is_file() else cls()
 
 
 def compare_predictions(
@@ -72,16 +28,9 @@ def compare_predictions(
     """Predictions must be equal; a disagreement counts only where the adapter was at a tie: its top two
     classes within the margin, or (multi_label) a label's probability within the margin of its threshold."""
     decision, margin = decision or Decision(), TIE_MARGINS[dtype]
-    adapter_chosen, merged_chosen = decision.chosen(adapter_probs), decision.chosen(merged_probs)
-    if decision.multi_label:
-        cut = np.asarray(decision.thresholds) if decision.thresholds is not None else 0.5
-        differ_cells = adapter_chosen != merged_chosen
-        differ = differ_cells.any(axis=1)
-        real = (differ_cells & (np.abs(adapter_probs - cut) > margin)).any(axis=1)
-    else:
-        differ = adapter_chosen != merged_chosen
-        top2 = np.sort(adapter_probs, axis=1)[:, -2:]
-        real = differ & ((top2[:, 1] - top2[:, 0]) > margin)
+    differ_cells = decision.chosen(adapter_probs) != decision.chosen(merged_probs)
+    differ = differ_cells.reshape(len(differ_cells), -1).any(axis=1)
+    real = decision.kind.beyond_ties(adapter_probs, differ_cells, decision, margin)
     gap = float(np.abs(adapter_probs - merged_probs).max()) if len(adapter_probs) else 0.0
     return ExportCheck(
         examples=int(len(adapter_probs)),
@@ -106,7 +55,7 @@ def export_merged(
     """
     batch_size, dtype = config.eval_batch_size, config.merge_dtype
     exact = Runtime(runtime.device, torch.float32)
-    decision = runs.read_decision(run / runs.ADAPTER / runs.CALIBRATION)
+    decision = runs.read_decision(run)
     loaded = load_classifier(model_dir, id2label, log=lambda *_: None, problem=decision.problem)
     peft_model = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER)).to(runtime.device)
 
@@ -122,7 +71,7 @@ def export_merged(
         loaded.tokenizer.save_pretrained(staging)
         if generic:
             write_generic_module(staging, type(merged))
-        InputFormat.of_run(config, decision).write(staging)
+        InputFormat.of_run(config, decision).write(staging / INPUT_FORMAT)
 
     files.replace_dir(run / runs.MERGED, fill, "the merged model")
     standalone = load_standalone(run / runs.MERGED).to(runtime.device)

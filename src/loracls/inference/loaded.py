@@ -7,13 +7,8 @@ from loracls.data.splits import labelled_split, load_dataset
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 from loracls.inference.engine import Classifier
-from loracls.metrics import (
-    ClassificationMetrics,
-    MultiLabelMetrics,
-    evaluation_metrics,
-    format_metrics,
-    prediction_rows,
-)
+from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
+from loracls.problems import evaluation, prediction_rows
 
 
 def evaluate(
@@ -32,10 +27,9 @@ def evaluate(
     else:
         label2id = {name: i for i, name in classifier.id2label.items()}
         split = labelled_split(read_table(data), config, label2id, data)
-    metrics = evaluation_metrics(
-        split.labels, classifier.probabilities(split.texts, progress=True), classifier.id2label, classifier.decision
-    )
-    log(format_metrics(metrics))
+    probs = classifier.probabilities(split.texts, progress=True)
+    metrics = evaluation(split.texts, split.labels, probs, classifier.id2label, classifier.decision).metrics
+    log(metrics.text())
     return metrics
 
 
@@ -52,6 +46,5 @@ def predict(
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
     classifier = Classifier(run_path, log, batch_size, device, precision)
-    return prediction_rows(
-        texts, None, classifier.probabilities(texts, progress=True), classifier.id2label, classifier.decision
-    )
+    probs = classifier.probabilities(texts, progress=True)
+    return [row.to_json() for row in prediction_rows(texts, None, probs, classifier.id2label, classifier.decision)]

@@ -5,6 +5,7 @@ exporter cannot handle is refused with one line naming the exporter's error; not
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -17,8 +18,9 @@ from loracls.data.batching import collate
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError, first_line
 from loracls.inference.engine import Classifier
-from loracls.inference.export import InputFormat
+from loracls.inference.export import compare_predictions
 from loracls.model.scoring import batched_logits, predict_logits
+from loracls.runs import INPUT_FORMAT, ExportCheck, InputFormat
 
 ONNX_DIR = "onnx"
 MATCH_TOLERANCE = 1e-3  # max probability difference accepted between onnxruntime and PyTorch (both fp32)
@@ -74,7 +76,7 @@ def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) ->
     )
 
 
-def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool = False) -> dict:
+def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool = False) -> ExportCheck:
     _require_onnx()
     import onnxruntime
 
@@ -99,16 +101,13 @@ def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool 
     def fill(staging: Path) -> None:
         _export(classifier.model, example, staging / "model.onnx")
         classifier.tokenizer.save_pretrained(staging)
-        decision = classifier.decision
         InputFormat(
             classifier.input_template,
             classifier.max_length,
             classifier.long_text,
             classifier.chunk_stride,
-            decision.temperature,
-            decision.problem,
-            decision.thresholds,
-        ).write(staging)
+            classifier.decision,
+        ).write(staging / INPUT_FORMAT)
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
     files.replace_dir(target, fill, "the ONNX export")
@@ -120,27 +119,23 @@ def export_onnx(run_path: str, out: str | None = None, log=print, replace: bool 
     onnx_logits = _onnx_logits(session, ids, pad, classifier.batch_size)
     onnx_seconds = time.perf_counter() - started
     a, b = (classifier.calibrated(encoded.per_text(logits)) for logits in (torch_logits, onnx_logits))
-    agree = classifier.decision.chosen(a) == classifier.decision.chosen(b)
-    check = {
-        "format": "onnx",
-        "file": str(target / "model.onnx"),
-        "examples": len(a),
-        "max_probability_difference": float(np.abs(a - b).max()),
-        "label_agreement": float(agree.all(axis=1).mean() if agree.ndim == 2 else agree.mean()),
-        "torch_texts_per_second": len(a) / torch_seconds,
-        "onnxruntime_texts_per_second": len(a) / onnx_seconds,
-    }
-    files.write_json(target / "export_check.json", check)
-    log(
-        f"export: {target / 'model.onnx'}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max "
-        f"probability difference {check['max_probability_difference']:.2e}, labels agree on "
-        f"{100 * check['label_agreement']:.2f}%; {check['onnxruntime_texts_per_second']:.1f} vs "
-        f"{check['torch_texts_per_second']:.1f} texts/s"
+    check = dataclasses.replace(
+        compare_predictions(a, b, "fp32", classifier.decision),
+        format="onnx",
+        file=str(target / "model.onnx"),
+        texts_per_second=len(a) / onnx_seconds,
+        reference_texts_per_second=len(a) / torch_seconds,
     )
-    if check["max_probability_difference"] > MATCH_TOLERANCE:
+    runs.write_record(target / "export_check.json", check)
+    log(
+        f"export: {check.file}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max probability "
+        f"difference {check.max_probability_difference:.2e}, {check.disagreements} label disagreement(s); "
+        f"{check.texts_per_second:.1f} vs {check.reference_texts_per_second:.1f} texts/s"
+    )
+    if check.max_probability_difference > MATCH_TOLERANCE:
         shutil.rmtree(target, ignore_errors=True)
         raise LoraclsError(
-            f"the ONNX model differs from PyTorch by {check['max_probability_difference']:.2e} in "
+            f"the ONNX model differs from PyTorch by {check.max_probability_difference:.2e} in "
             f"probability (tolerance {MATCH_TOLERANCE}); not kept"
         )
     return check

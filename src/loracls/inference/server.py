@@ -184,9 +184,7 @@ def _classified(classifier, index: int, probs: np.ndarray) -> dict:
         "probs": [float(p) for p in probs],
         "num_classes": len(classifier.labels),
     }
-    if classifier.multi_label:
-        item["labels"] = classifier.predicted(probs)
-    return item
+    return item | classifier.decision.kind.served_fields(probs, classifier.decision, classifier.id2label)
 
 
 def _texts(app: FastAPI, value: str | list[str]) -> list[str]:

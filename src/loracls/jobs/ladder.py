@@ -17,16 +17,11 @@ from loracls.baselines.tfidf import run_tfidf
 from loracls.baselines.zero_shot import code_labels, codes_reason, run_baseline
 from loracls.config import Config
 from loracls.data.splits import Dataset
-from loracls.metrics import prediction_rows
+from loracls.problems import Decision, prediction_rows, problem_for
 from loracls.runs import BaselineRecord, BaselineSummary, EncoderRecord, SkippedBaseline, TfidfRecord
 from loracls.verdict import LadderRow, Verdict, decide, format_table
 
-__all__ = ["Ladder", "run_ladder", "zero_shot_skip_reason", "verdict_of", "ZERO_SHOT_MULTI_LABEL"]
-
-ZERO_SHOT_MULTI_LABEL = (
-    "it picks one label word after a prompt, and a multi_label text may carry several "
-    "labels or none (TF-IDF one-vs-rest and the encoder stay)"
-)
+__all__ = ["Ladder", "run_ladder", "zero_shot_skip_reason", "verdict_of"]
 
 
 @dataclass
@@ -52,8 +47,8 @@ class Ladder:
 
 def zero_shot_skip_reason(config: Config, id2label: dict[int, str]) -> str | None:
     """Why the zero-shot prompt would say nothing here (None: it runs)."""
-    if config.multi_label:
-        return ZERO_SHOT_MULTI_LABEL
+    if unsupported := problem_for(config.problem).zero_shot_unsupported:
+        return unsupported
     codes = code_labels(config, id2label)
     return codes_reason(codes) if codes else None
 
@@ -102,7 +97,7 @@ def _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log) -> Base
     if run is not None:
         files.write_jsonl(
             run / runs.PREDICTIONS / "baseline_test.jsonl",
-            prediction_rows(test.texts, test.labels, plain, dataset.id2label),
+            [row.to_json() for row in prediction_rows(test.texts, test.labels, plain, dataset.id2label, Decision())],
         )
     return result
 

@@ -17,26 +17,20 @@ import torch
 from loracls import files, runs
 from loracls.baselines.encoder import check_encoder
 from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
-from loracls.calibration import CalibrationRecord, calibrate
+from loracls.calibration import CalibrationRecord
 from loracls.config import Config, from_dict
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
-from loracls.decision import Decision, sigmoid, tune_thresholds
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
 from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.jobs.preflight import preflight
-from loracls.metrics import (
-    ClassificationMetrics,
-    MultiLabelMetrics,
-    evaluation_metrics,
-    format_metrics,
-    prediction_rows,
-)
+from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 from loracls.model.classifier import LoadedModel, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
+from loracls.problems import Decision, evaluation, problem_for
 from loracls.runs import Metrics, ModelSummary, TrainSummary, ValidationSummary
 from loracls.training import distributed
 from loracls.training.loop import Trainer, TrainResult
@@ -140,7 +134,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     if (
         config.baseline
         and "zero_shot" in config.baselines
-        and not config.multi_label
+        and problem_for(config.problem).zero_shot_unsupported is None
         or config.head_init == "verbalizer"
     ):
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
@@ -269,38 +263,31 @@ def _best_logits(job: Job, encoded: dict[str, Encoded]) -> tuple[dict[str, np.nd
 
 def _decide(job: Job, logits: dict[str, np.ndarray]) -> tuple[Decision, CalibrationRecord | None]:
     """How logits become labels, fitted on validation and saved beside the adapter for predict and serve:
-    a temperature judged on test (single_label), or one threshold per label (multi_label)."""
+    its problem type's decision (a temperature, judged on test; or one threshold per label)."""
     validation, test = job.dataset.validation, job.dataset.test
-    if job.dataset.multi_label:
-        decision = Decision("multi_label", thresholds=tune_thresholds(sigmoid(logits["validation"]), validation.labels))
-        runs.write_decision(job.run / runs.ADAPTER / runs.CALIBRATION, decision)
-        job.log(
-            "decision: per-label thresholds tuned on validation (best F1 each): "
-            + ", ".join(f"{job.dataset.id2label[k]}={t:.2f}" for k, t in enumerate(decision.thresholds))
-        )
-        return decision, None
-    record = calibrate(logits["validation"], validation.labels, logits["test"], test.labels)
-    decision = Decision(temperature=record.temperature)
-    runs.write_decision(job.run / runs.ADAPTER / runs.CALIBRATION, decision)
-    job.log(
-        record.note
-        and f"calibration: {record.note}"
-        or f"calibration: temperature {record.temperature:.3f} (fitted on validation); test ECE "
-        f"{record.before.ece:.4f} -> {record.after.ece:.4f}, Brier {record.before.brier:.4f} -> "
-        f"{record.after.brier:.4f}"
+    decision, record = job.dataset.kind.fit_decision(
+        logits["validation"], validation.labels, logits["test"], test.labels
     )
+    runs.InputFormat.of_run(job.config, decision).write(job.run / runs.ADAPTER / runs.CALIBRATION)
+    if record is None:
+        job.log(f"decision: {job.dataset.kind.describe(decision, job.dataset.id2label)}")
+    elif record.note:
+        job.log(f"calibration: {record.note}")
+    else:
+        job.log(
+            f"calibration: temperature {record.temperature:.3f} (fitted on validation); test ECE "
+            f"{record.before.ece:.4f} -> {record.after.ece:.4f}, Brier {record.before.brier:.4f} -> "
+            f"{record.after.brier:.4f}"
+        )
     return decision, record
 
 
 def _write_test(job: Job, probs: np.ndarray, decision: Decision) -> ClassificationMetrics | MultiLabelMetrics:
     test = job.dataset.test
-    metrics = evaluation_metrics(test.labels, probs, job.dataset.id2label, decision)
-    files.write_jsonl(
-        job.run / runs.PREDICTIONS / "test.jsonl",
-        prediction_rows(test.texts, test.labels, probs, job.dataset.id2label, decision),
-    )
-    job.log("test:\n" + format_metrics(metrics))
-    return metrics
+    scored = evaluation(test.texts, test.labels, probs, job.dataset.id2label, decision)
+    files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl", [row.to_json() for row in scored.rows])
+    job.log("test:\n" + scored.metrics.text())
+    return scored.metrics
 
 
 def _model_summary(job: Job) -> ModelSummary:

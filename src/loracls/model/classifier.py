@@ -22,6 +22,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 from loracls.errors import LoraclsError, first_line
 from loracls.model.lora import HEAD_NAMES, head_name
 from loracls.model.tokenizer import load_tokenizer
+from loracls.problems import problem_for
 
 HEAD_PREFIXES = tuple(f"{name}." for name in HEAD_NAMES)
 GENERIC_MODULE = "modeling_loracls_generic.py"
@@ -118,8 +119,8 @@ def load_classifier(
     config.id2label = {int(i): name for i, name in id2label.items()}
     config.label2id = {name: int(i) for i, name in id2label.items()}
     config.pad_token_id = tokenizer.pad_token_id
-    # saved with the merged model: transformers' pipeline then applies a sigmoid for multi_label
-    config.problem_type = "multi_label_classification" if problem == "multi_label" else "single_label_classification"
+    # saved with the merged model: transformers' pipeline then applies a sigmoid for label sets
+    config.problem_type = problem_for(problem).hf_problem_type
     model_class = classifier_class(config)
     try:
         model, info = model_class.from_pretrained(

@@ -17,9 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
-from sklearn.metrics import f1_score
 from tqdm import tqdm
 from transformers import get_scheduler
 
@@ -27,12 +25,11 @@ from loracls import files, runs
 from loracls.config import Config
 from loracls.data.batching import TextEncoder, collate, length_grouped_batches, sorted_batches
 from loracls.data.splits import Dataset, class_weight_vector
-from loracls.decision import Decision, label_tensor, mean_loss, multi_hot, training_loss
 from loracls.errors import LoraclsError
 from loracls.hardware import peak_flops, release_free_memory
-from loracls.metrics import prediction_rows
 from loracls.model.scoring import predict_logits
 from loracls.model.speedups import apply_speedups
+from loracls.problems import Decision, evaluation
 from loracls.training import checkpoint, distributed
 from loracls.training.mfu import mfu, train_flops_per_token
 from loracls.training.stopping import EarlyStopping
@@ -150,6 +147,7 @@ class Trainer:
         self.steps_per_epoch, self.total_steps = plan_steps(len(self.train_ids), config, self.world)
         self.micro_batch_size = micro_batch_size(config, self.runtime.device)
         self.micro_batch_tokens = micro_batch_tokens(config, self.runtime.device)
+        self.problem = self.dataset.kind
         self.decision = Decision(config.problem)  # thresholds are tuned after training, 0.5 until then
         weights = class_weight_vector(config, self.dataset)
         self.class_weight = None if weights is None else torch.tensor(weights, device=self.runtime.device)
@@ -229,11 +227,8 @@ class Trainer:
         for positions in passes:  # at most micro_batch_size texts and micro_batch_tokens padded tokens a pass
             indices = [mine[p] for p in positions]
             batch = collate([self.train_ids[i] for i in indices], self.pad_id)
-            labels = label_tensor(
-                [self.train_labels[i] for i in indices],
-                len(self.dataset.id2label),
-                self.dataset.multi_label,
-                self.runtime.device,
+            labels = self.problem.targets(
+                [self.train_labels[i] for i in indices], len(self.dataset.id2label), self.runtime.device
             )
             with self.runtime.autocast:
                 logits = self.model(
@@ -241,7 +236,7 @@ class Trainer:
                     attention_mask=batch["attention_mask"].to(self.runtime.device),
                 ).logits
             # a sum over the group divided by its size: the same gradient whatever the micro-batches or processes
-            loss = training_loss(logits.float(), labels, self.class_weight, self.dataset.multi_label, len(group))
+            loss = self.problem.loss(logits.float(), labels, self.class_weight, len(group))
             self.scaler.scale(loss).backward()
             total_loss += loss.item()
         if not self.sharded:  # FSDP has reduce-scattered them already
@@ -273,34 +268,17 @@ class Trainer:
             logits = predict_logits(
                 self.model, self.validation_ids, self.pad_id, self.config.eval_batch_size, self.runtime
             )
-            probs = self.decision.probabilities(self.validation.per_text(logits))
-        accuracy, loss, macro_f1 = 0.0, 0.0, 0.0
+        scores = (0.0, 0.0, 0.0)
         if distributed.is_main():
-            labels = self.dataset.validation.labels
-            if not np.isfinite(probs).all():
-                accuracy, loss, macro_f1 = math.nan, math.nan, math.nan
-            else:
-                accuracy, macro_f1 = self._accuracy_and_macro_f1(probs, labels)
-                loss = mean_loss(probs, labels, self.dataset.multi_label)
-                rows = prediction_rows(
-                    self.dataset.validation.texts, labels, probs, self.dataset.id2label, self.decision
-                )
+            split = self.dataset.validation
+            probs = self.decision.probabilities(self.validation.per_text(logits))
+            scored = evaluation(split.texts, split.labels, probs, self.dataset.id2label, self.decision)
+            scores = (math.nan, math.nan, math.nan)
+            if scored.finite:
+                scores = (scored.metrics.accuracy, scored.loss, scored.metrics.macro_f1)
+                rows = [row.to_json() for row in scored.rows]
                 files.write_jsonl(self.run / runs.PREDICTIONS / f"validation_step{step:05d}.jsonl", rows)
-        return distributed.broadcast_object((accuracy, loss, macro_f1))
-
-    def _accuracy_and_macro_f1(self, probs: np.ndarray, labels: list) -> tuple[float, float]:
-        """Accuracy (multi_label: subset accuracy at threshold 0.5) and macro-F1 over labels."""
-        chosen = self.decision.chosen(probs)
-        if self.dataset.multi_label:
-            truth = multi_hot(labels, probs.shape[1]).astype(bool)
-            return (
-                float((chosen == truth).all(axis=1).mean()),
-                float(f1_score(truth, chosen, average="macro", zero_division=0)),
-            )
-        return (
-            float((chosen == np.asarray(labels)).mean()),
-            float(f1_score(labels, chosen, labels=sorted(self.dataset.id2label), average="macro", zero_division=0)),
-        )
+        return distributed.broadcast_object(scores)
 
     def validate(self, step: int) -> None:
         """Score the validation split; keep the best adapter; stop on a non-finite validation."""
