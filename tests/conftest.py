@@ -179,3 +179,48 @@ def trained_runs(tmp_path_factory, gemma3_dir, gemma4_dir, data_csv):
         assert main(["train", *tiny_overrides(model_dir, data_csv, out)]) == 0
         runs[kind] = out / "run"
     return runs
+
+
+def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=None, lora=None, head=None, **values):
+    """A Trainer on the tiny model, built as the train job builds it (speed-ups applied in its prepare phase),
+    and the dataset. `evaluate(real, model) -> Evaluation` stands in for the job's validation (tests script
+    what it returns); `lora` is (r, alpha, dropout, targets); `head(model)` runs before LoRA is applied."""
+    import functools
+
+    from loracls.config import from_dict
+    from loracls.data.batching import TextEncoder
+    from loracls.data.splits import class_weight_vector, load_dataset
+    from loracls.hardware import setup_runtime
+    from loracls.model.classifier import load_classifier
+    from loracls.model.lora import apply_lora
+    from loracls.model.scoring import evaluate as evaluate_split
+    from loracls.model.speedups import apply_speedups
+    from loracls.problems import Decision
+    from loracls.training.logger import RunLogger
+    from loracls.training.loop import Trainer, TrainSet
+
+    settings = {"model": str(model_dir), "data": str(data), "train_size": 40, "validation_size": 4, "test_size": 4}
+    config = from_dict({**settings, "precision": "fp32", "output_dir": str(run.parent), **values})
+    dataset, quiet = load_dataset(config), lambda *a: None
+    runtime = runtime or setup_runtime(config.device, config.precision, 1)
+    torch.manual_seed(config.seed)
+    loaded = load_classifier(model_dir, dataset.id2label, log=quiet)
+    if head is not None:
+        head(loaded.model)
+    model, _ = apply_lora(loaded.model, *(lora or (2, 4, 0.0, ["q_proj"])), quiet)
+    model.to(runtime.device)
+    apply_speedups(model, runtime, False, False)
+    encoder, pad_id = TextEncoder.for_config(config, loaded.tokenizer), loaded.tokenizer.pad_token_id
+    train, validation = encoder.encode(dataset.train.texts), encoder.encode(dataset.validation.texts)
+    weights = class_weight_vector(config, dataset)
+    train_set = TrainSet(
+        train.ids, [dataset.train.labels[i] for i in train.owner], len(dataset.id2label), pad_id, dataset.kind,
+        None if weights is None else torch.tensor(weights, device=runtime.device),
+    )  # fmt: skip
+    real = functools.partial(
+        evaluate_split, encoded=validation, split=dataset.validation, id2label=dataset.id2label,
+        decision=Decision(config.problem), pad_id=pad_id, batch_size=8, runtime=runtime,
+    )  # fmt: skip
+    validate = real if evaluate is None else functools.partial(evaluate, real)
+    run.mkdir(parents=True, exist_ok=True)
+    return Trainer(model, train_set, validate, config, runtime, run, RunLogger(run, quiet)), dataset

@@ -162,7 +162,7 @@ def test_config_file_that_is_not_utf8(tmp_path):
 
 def test_min_steps_repeat_small_data_and_warmup_stays_a_quarter_of_the_run():
     from loracls.config import from_dict
-    from loracls.training.loop import plan_steps, warmup_steps
+    from loracls.training.plan import plan_steps, warmup_steps
 
     config = from_dict({"train_size": 64, "min_steps": None})
     assert plan_steps(64, config) == (2, 6)  # 3 epochs of 2 steps

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from conftest import tiny_overrides
+from conftest import tiny_overrides, tiny_trainer
 from loracls.cli import main
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible to torch")]
@@ -61,40 +61,21 @@ class CpuComputeRecorder(TorchDispatchMode):
 
 
 def _trainer(gemma3_dir, data_csv, tmp_path, precision="auto", **values):
-    from loracls.config import from_dict
-    from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
-    from loracls.model.classifier import load_classifier
-    from loracls.model.lora import apply_lora
-    from loracls.training.loop import Trainer
 
-    config = from_dict(
-        {
-            "model": str(gemma3_dir),
-            "data": str(data_csv),
-            "train_size": 64,
-            "validation_size": 16,
-            "test_size": 16,
-            "max_length": 32,
-            "batch_size": 8,
-            "gradient_accumulation": 2,
-            "warmup_steps": 0,
-            "precision": precision,
-            **values,
-        }
-    )
-    dataset = load_dataset(config)
-    runtime = setup_runtime(config.device, config.precision, config.threads)
-    loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
-    model, _ = apply_lora(loaded.model, 4, 8, 0.1, ["q_proj", "v_proj"], lambda *a: None)
-    model.to(runtime.device)
-    return Trainer(model, loaded.tokenizer, dataset, config, runtime, tmp_path, log=lambda *a: None), model
+    settings = dict(train_size=64, validation_size=16, test_size=16, max_length=32, batch_size=8, warmup_steps=0)
+    runtime = setup_runtime("auto", precision, None)
+    trainer, _ = tiny_trainer(
+        gemma3_dir, data_csv, tmp_path, runtime=runtime, lora=(4, 8, 0.1, ["q_proj", "v_proj"]),
+        gradient_accumulation=2, precision=precision, **settings, **values,
+    )  # fmt: skip
+    return trainer, trainer.model
 
 
 def test_bf16_train_step_with_sdpa_never_computes_on_the_cpu(gemma3_dir, data_csv, tmp_path):
     trainer, model = _trainer(gemma3_dir, data_csv, tmp_path)
     assert trainer.runtime.device.type == "cuda" and trainer.runtime.dtype == torch.bfloat16
-    assert trainer.attention is None and model.config._attn_implementation == "sdpa"  # GPUs keep SDPA
+    assert model.config._attn_implementation == "sdpa"  # GPUs keep SDPA (the speed-ups pick eager on CPU only)
     recorder = CpuComputeRecorder()
     with recorder:
         for step in range(2):
@@ -103,16 +84,16 @@ def test_bf16_train_step_with_sdpa_never_computes_on_the_cpu(gemma3_dir, data_cs
     assert np.isfinite(loss) and tokens > 0
     for name, param in model.named_parameters():
         assert param.device.type == "cuda", name
-    for state in trainer.optimizer.state.values():
+    for state in trainer.opt.optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.numel() > 1:
                 assert value.device.type == "cuda", key
-    assert trainer.peak_flops and trainer.peak_flops > 1e13  # a known GPU: MFU is logged
+    assert trainer.mfu_of(1.0) is not None  # a known GPU: MFU is logged
 
 
 def test_fp16_trains_with_a_gradient_scaler_on_the_gpu(gemma3_dir, data_csv, tmp_path):
     trainer, model = _trainer(gemma3_dir, data_csv, tmp_path, precision="fp16")
-    assert trainer.scaler.is_enabled()
+    assert trainer.opt.scaler.is_enabled()
     for step in range(4):
         loss, _ = trainer.train_step(list(range(16 * step, 16 * step + 16)))
         assert np.isfinite(loss)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import synthetic_frame, tiny_overrides
+from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls.cli import main
 from loracls.config import load_config
 from loracls.data.splits import class_weight_vector, load_dataset
@@ -47,49 +47,24 @@ def test_class_weight_vectors(imbalanced_csv):
 
 
 def test_weighted_loss_is_the_weighted_sum_over_the_group(gemma3_dir, imbalanced_csv, tmp_path):
-    from loracls.config import from_dict
-    from loracls.hardware import Runtime
-    from loracls.model.classifier import load_classifier
-    from loracls.model.lora import apply_lora
-    from loracls.training.loop import Trainer
+    from loracls.data.batching import collate
+
+    def normal_head(model):  # a head that is not uniform yet
+        torch.nn.init.normal_(model.score.weight)
 
     losses = {}
     for weights in ("none", {"neg": 3.0}):
-        config = from_dict(
-            {
-                "model": str(gemma3_dir),
-                "data": str(imbalanced_csv),
-                "train_size": 40,
-                "validation_size": 8,
-                "test_size": 8,
-                "warmup_steps": 0,
-                "class_weights": weights,
-            }
-        )
-        dataset = load_dataset(config)
-        torch.manual_seed(0)
-        loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
-        torch.nn.init.normal_(loaded.model.score.weight)  # a head that is not uniform yet
-        model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
-        trainer = Trainer(
-            model,
-            loaded.tokenizer,
-            dataset,
-            config,
-            Runtime(torch.device("cpu"), torch.float32),
-            tmp_path,
-            log=lambda *a: None,
-        )
+        values = dict(validation_size=8, test_size=8, warmup_steps=0, class_weights=weights)
+        trainer, dataset = tiny_trainer(gemma3_dir, imbalanced_csv, tmp_path / str(weights), head=normal_head, **values)
+        model, train = trainer.model, trainer.train_set
         labels_all = dataset.train.labels
-        group = [i for i, y in enumerate(labels_all) if y == 0][:6] + [i for i, y in enumerate(labels_all) if y == 1][
-            :10
-        ]
+        negatives, positives = (
+            [i for i, y in enumerate(labels_all) if y == 0],
+            [i for i, y in enumerate(labels_all) if y == 1],
+        )
+        group = negatives[:6] + positives[:10]
         with torch.no_grad():
-            batch = trainer.train_ids
-            from loracls.data.batching import collate
-
-            inputs = collate([batch[i] for i in group], trainer.pad_id)
-            logits = model(**inputs).logits.float()
+            logits = model(**collate([train.ids[i] for i in group], train.pad_id)).logits.float()
         labels = torch.tensor([dataset.train.labels[i] for i in group])
         per_example = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         weight = torch.tensor([3.0 if y == 0 else 1.0 for y in labels.tolist()]) if weights != "none" else 1.0

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import synthetic_frame, tiny_overrides
+from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls import files
 from loracls.cli import main
 from loracls.config import load_config
@@ -84,24 +84,27 @@ def test_json_files_refuse_nan(tmp_path):
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "x.jsonl").exists()
 
 
-def test_a_nan_validation_stops_the_run_and_keeps_the_finite_best(gemma3_dir, data_csv, tmp_path, monkeypatch, capsys):
-    import loracls.training.loop as loop
+def test_a_nan_validation_stops_the_run_and_keeps_the_finite_best(gemma3_dir, data_csv, tmp_path):
+    from loracls.problems import Decision, evaluation
 
-    real = loop.predict_logits
     calls = {"n": 0}
 
-    def nan_on_the_second(*args, **kwargs):
+    def nan_on_the_second(real, model):
         calls["n"] += 1
-        logits = real(*args, **kwargs)
-        return np.full_like(logits, np.nan) if calls["n"] == 2 else logits
+        if calls["n"] < 2:
+            return real(model)
+        split = real.keywords["split"]
+        nan = np.full((len(split), 2), np.nan)
+        return evaluation(split.texts, split.labels, nan, real.keywords["id2label"], Decision())
 
-    monkeypatch.setattr(loop, "predict_logits", nan_on_the_second)
-    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, tmp_path, baseline=False)]) == 2
-    assert "loracls: validation at step 20 gave non-finite outputs" in capsys.readouterr().err
     run = tmp_path / "run"
+    trainer, _ = tiny_trainer(gemma3_dir, data_csv, run, nan_on_the_second, eval_every=10, epochs=10)
+    with pytest.raises(LoraclsError, match="validation at step 20 gave non-finite outputs.*best adapter so far"):
+        trainer.fit()
     log = files.read_jsonl(run / "train_log.jsonl")  # strict: NaN would fail here
     assert [r["step"] for r in log if "validation_accuracy" in r] == [10]
     assert (run / "adapter" / "adapter_model.safetensors").exists()
+    assert (run / "predictions" / "validation_step00010.jsonl").exists()
     assert not (run / "predictions" / "validation_step00020.jsonl").exists()
     for path in run.rglob("*.json*"):
         text = path.read_text()
@@ -260,38 +263,13 @@ def test_an_interrupted_embedded_assembly_leaves_nothing_behind(tmp_path, monkey
 
 
 def test_fp16_steps_use_a_gradient_scaler(gemma3_dir, data_csv, tmp_path):
-    from loracls.config import from_dict
     from loracls.hardware import Runtime
-    from loracls.model.classifier import load_classifier
-    from loracls.model.lora import apply_lora
-    from loracls.training.loop import Trainer
 
-    config = from_dict(
-        {
-            "model": str(gemma3_dir),
-            "data": str(data_csv),
-            "train_size": 40,
-            "validation_size": 8,
-            "test_size": 8,
-            "max_length": 32,
-            "batch_size": 4,
-            "gradient_accumulation": 1,
-            "warmup_steps": 0,
-        }
-    )
-    dataset = load_dataset(config)
-    loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
-    model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
-    trainer = Trainer(
-        model,
-        loaded.tokenizer,
-        dataset,
-        config,
-        Runtime(torch.device("cpu"), torch.float16),
-        tmp_path,
-        log=lambda *a: None,
-    )
-    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 65536.0
+    fp16 = Runtime(torch.device("cpu"), torch.float16)
+    values = dict(validation_size=8, test_size=8, max_length=32, batch_size=4, gradient_accumulation=1, warmup_steps=0)
+    trainer, _ = tiny_trainer(gemma3_dir, data_csv, tmp_path, runtime=fp16, **values)
+    model = trainer.model
+    assert trainer.opt.scaler.is_enabled() and trainer.opt.scaler.get_scale() == 65536.0
     head = model.base_model.model.score.modules_to_save["default"].weight
     before = head.detach().clone()
     for step in range(10):  # a step whose scaled fp16 gradients overflow is skipped and the scale halved

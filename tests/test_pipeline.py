@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from conftest import synthetic_frame, tiny_overrides
+from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls.cli import main
 
 
@@ -120,35 +120,19 @@ def test_input_template_run_records_the_format(gemma3_dir, data_csv, tmp_path, c
     assert json.loads(capsys.readouterr().out)["prediction"] == row["prediction"]
 
 
-def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(
-    gemma3_dir, data_csv, tmp_path, monkeypatch
-):
+def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemma3_dir, data_csv, tmp_path):
     import numpy as np
 
-    from loracls.config import from_dict
-    from loracls.data.splits import load_dataset
-    from loracls.hardware import setup_runtime
-    from loracls.model.classifier import load_classifier
-    from loracls.model.lora import apply_lora
-    from loracls.training import loop as train_stage
+    from loracls.problems import Decision, evaluation
 
-    config = from_dict(
-        {
-            "model": str(gemma3_dir),
-            "data": str(data_csv),
-            "train_size": 40,
-            "validation_size": 4,
-            "test_size": 4,
-            "patience": 2,
-            "precision": "fp32",
-        }
-    )
-    dataset = load_dataset(config)
-    loaded = load_classifier(gemma3_dir, dataset.id2label, log=lambda *a: None)
-    model, _ = apply_lora(loaded.model, 2, 4, 0.0, ["q_proj"], lambda *a: None)
-    trainer = train_stage.Trainer(
-        model, loaded.tokenizer, dataset, config, setup_runtime("cpu", "fp32", 1), tmp_path, log=lambda *a: None
-    )
+    script = []
+
+    def scripted(real, model):
+        """The validation split scored with the next scripted probabilities (no model pass)."""
+        split = dataset.validation
+        return evaluation(split.texts, split.labels, script.pop(0), dataset.id2label, Decision())
+
+    trainer, dataset = tiny_trainer(gemma3_dir, data_csv, tmp_path, scripted, patience=2)
     labels = np.asarray(dataset.validation.labels)
 
     def probs_with(correct: int, right: float, wrong: float | None = None):
@@ -159,17 +143,14 @@ def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(
             out[i, predicted], out[i, 1 - predicted] = confidence, 1 - confidence
         return out
 
-    script = iter(
-        [
-            probs_with(3, 0.6),
-            probs_with(3, 0.7),
-            probs_with(3, 0.7),
-            probs_with(2, 0.99, 0.51),
-            probs_with(2, 0.9),
-            probs_with(2, 0.9),
-        ]
-    )
-    monkeypatch.setattr(train_stage, "predict_logits", lambda *a, **k: np.log(next(script)).astype(np.float32))
+    script += [
+        probs_with(3, 0.6),
+        probs_with(3, 0.7),
+        probs_with(3, 0.7),
+        probs_with(2, 0.99, 0.51),
+        probs_with(2, 0.9),
+        probs_with(2, 0.9),
+    ]
     steps = []
     for step in (10, 20, 30, 40, 50, 60):
         trainer.validate(step)

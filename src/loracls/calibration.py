@@ -58,10 +58,15 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 def mean_nll(probs: np.ndarray, labels: list[int]) -> float:
     """The mean negative log-likelihood of the true labels: sklearn's log_loss, the one NLL of calibration,
-    validation and the problems (rows made float64 and renormalised: float32 rows sum to 1 within ~1e-7)."""
-    probs = np.clip(np.asarray(probs, dtype=np.float64), 1e-12, 1.0)
-    probs = probs / probs.sum(axis=1, keepdims=True)
+    validation and the problems."""
+    probs = _distribution(np.clip(probs, 1e-12, 1.0))
     return float(log_loss(labels, probs, labels=list(range(probs.shape[1]))))
+
+
+def _distribution(probs: np.ndarray) -> np.ndarray:
+    """Rows as float64 that sum to 1 (a float32 softmax sums to 1 only within ~1e-7, which sklearn flags)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    return probs / probs.sum(axis=1, keepdims=True)
 
 
 def fit_temperature(logits: np.ndarray, labels: list[int]) -> float | None:
@@ -99,6 +104,7 @@ def reliability(probs: np.ndarray, labels: list[int], bins: int = BINS) -> tuple
 def brier_score(probs: np.ndarray, labels: list[int]) -> float:
     """Mean over examples of the squared distance to the one-hot label (0 is perfect, 2 the worst):
     sklearn's multiclass Brier score, not halved for two classes."""
+    probs = _distribution(probs)
     return float(brier_score_loss(labels, probs, labels=list(range(probs.shape[1])), scale_by_half=False))
 
 

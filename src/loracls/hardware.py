@@ -278,3 +278,14 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def memory_mb(device: torch.device) -> float:
+    """Peak allocated memory on CUDA; the resident set of this process elsewhere (MiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * 4096 / 2**20
+    except OSError:
+        return 0.0

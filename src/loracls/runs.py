@@ -178,6 +178,41 @@ Record = TypeVar("Record")
 PROBLEM_TAGS = tuple(PROBLEMS)  # which member of AnyMetrics: not a place in the file
 
 
+@dataclass
+class TrainLogLine:
+    """A train_log.jsonl line every `log_every` steps: the window's mean loss and its speed."""
+
+    step: int
+    epoch: float
+    loss: float
+    lr: float
+    memory_mb: float  # peak allocated on CUDA; resident set on CPU
+    tokens_per_second: float
+    mfu: float | None = None  # None where the device's peak is unknown
+
+
+@dataclass
+class ValidationLogLine:
+    """A train_log.jsonl line every `eval_every` steps: the validation split's scores and the stopping rule."""
+
+    step: int
+    validation_accuracy: float
+    validation_loss: float
+    validation_macro_f1: float
+    best: float  # validation accuracy of the best step so far
+    improved: bool
+
+
+def read_train_log(run: Path) -> list[TrainLogLine | ValidationLogLine]:
+    """train_log.jsonl, each line checked as the record it is."""
+    lines = files.read_jsonl(run / TRAIN_LOG, "run file")
+    source = str(run / TRAIN_LOG)
+    return [
+        parse_record(ValidationLogLine if "validation_accuracy" in line else TrainLogLine, line, source)
+        for line in lines
+    ]
+
+
 def to_dict(record) -> dict:
     return dataclasses.asdict(record)
 

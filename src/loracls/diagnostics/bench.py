@@ -56,7 +56,7 @@ def _worker(recipe: str, config: Config, steps: int, log) -> dict:
 
 def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=print, repeats: int = 1) -> dict:
     from loracls.data.splits import load_dataset
-    from loracls.training.loop import plan_steps
+    from loracls.training.plan import plan_steps
 
     rounds = [{recipe: _worker(recipe, config, steps, log) for recipe in recipes} for _ in range(repeats)]
     results = {recipe: max((r[recipe] for r in rounds), key=lambda x: x["tokens_per_second"]) for recipe in recipes}

@@ -60,10 +60,18 @@ def _our_loop(config, runtime, peft_model, tokenizer, dataset, groups) -> dict:
     """Our real train step (`Trainer.train_step`); the first step is a warm-up and is not timed."""
     import tempfile
 
-    from loracls.training.loop import Trainer
+    from loracls.data.batching import TextEncoder
+    from loracls.model.speedups import apply_speedups
+    from loracls.training.logger import RunLogger
+    from loracls.training.loop import Trainer, TrainSet
 
+    apply_speedups(peft_model, runtime, config.quantization != "none", False)  # as the job's prepare phase does
+    train = TextEncoder.for_config(config, tokenizer).encode(dataset.train.texts)
+    labels = [dataset.train.labels[i] for i in train.owner]
+    train_set = TrainSet(train.ids, labels, len(dataset.id2label), tokenizer.pad_token_id, dataset.kind)
     with tempfile.TemporaryDirectory() as scratch:
-        trainer = Trainer(peft_model, tokenizer, dataset, config, runtime, Path(scratch), log=lambda *a: None)
+        quiet = RunLogger(Path(scratch), lambda *a: None)
+        trainer = Trainer(peft_model, train_set, lambda model: None, config, runtime, Path(scratch), quiet)
         peft_model.train()
         seconds, tokens = 0.0, 0
         for n, group in enumerate(groups):

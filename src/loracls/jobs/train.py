@@ -7,6 +7,7 @@ is made, so bad input leaves nothing behind. Under torchrun every process runs t
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +29,15 @@ from loracls.jobs.preflight import preflight
 from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 from loracls.model.classifier import LoadedModel, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
-from loracls.model.scoring import predict_logits
+from loracls.model.scoring import evaluate, predict_logits
 from loracls.model.source import resolve_model_dir
+from loracls.model.speedups import apply_speedups
 from loracls.problems import Decision, evaluation, problem_for
 from loracls.runs import Metrics, ModelSummary, TrainSummary, ValidationSummary
 from loracls.training import distributed
-from loracls.training.loop import Trainer, TrainResult
+from loracls.training.logger import RunLogger
+from loracls.training.loop import Trainer, TrainResult, TrainSet
+from loracls.training.plan import describe
 from loracls.verdict import LadderRow
 
 
@@ -50,6 +54,7 @@ class Job:
     resumed: bool
     log: object
     encoded: dict[str, Encoded]  # split -> its token ids under the long_text policy
+    attention: str | None  # the attention implementation the speed-ups chose
 
 
 def train(config: Config | None, log=print, resume: str | None = None) -> Path:
@@ -164,10 +169,12 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     if config.data_parallel == "fsdp" and distributed.world_size() > 1:
         units = distributed.shard_model(model)
         log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
+    attention = apply_speedups(model, runtime, config.quantization != "none", distributed.is_sharded(model))
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
-    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resume_dir is not None, log, encoded)
+    resumed = resume_dir is not None
+    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resumed, log, encoded, attention)
 
 
 def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
@@ -192,13 +199,17 @@ def _verbalizer_head(loaded: LoadedModel, config: Config, dataset: Dataset, log)
 
 
 def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, Encoded]:
-    """Every split's token ids under the long_text policy; how many texts are longer than max_length (and
-    what `long_text` does with them) is said, never silent."""
+    """Every split's token ids under the long_text policy, encoded once for the whole job (with chunks every
+    window of a long training text is an example with the text's label, or only its first window with
+    `chunk_training: first`; an evaluated text is the mean of its windows' logits); how many texts are
+    longer than max_length (and what `long_text` does with them) is said, never silent."""
     encoded, encoder = {}, TextEncoder.for_config(config, tokenizer)
+    first_only = config.long_text == "chunks" and config.chunk_training == "first"
+    train_encoder = TextEncoder.for_config(config, tokenizer, "truncate") if first_only else encoder
     done = {"truncate": "truncated", "head_tail": "cut to their head and tail", "chunks": "split into windows"}
     for name in ("train", "validation", "test"):
         texts = getattr(dataset, name).texts
-        encoded[name] = encoder.encode(texts)
+        encoded[name] = (train_encoder if name == "train" else encoder).encode(texts)
         count = sum(encoded[name].long)
         if count:
             note = (
@@ -232,9 +243,30 @@ def _baselines(job: Job) -> Ladder | None:
 
 
 def _fit(job: Job) -> TrainResult:
-    trainer = Trainer(job.model, job.loaded.tokenizer, job.dataset, job.config, job.runtime, job.run, job.log)
+    config, dataset, pad_id = job.config, job.dataset, job.loaded.tokenizer.pad_token_id
+    train, weights = job.encoded["train"], class_weight_vector(config, dataset)
+    train_set = TrainSet(
+        ids=train.ids,
+        labels=[dataset.train.labels[i] for i in train.owner],
+        num_labels=len(dataset.id2label),
+        pad_id=pad_id,
+        problem=dataset.kind,
+        class_weight=None if weights is None else torch.tensor(weights, device=job.runtime.device),
+    )
+    validate = functools.partial(
+        evaluate,
+        encoded=job.encoded["validation"],
+        split=dataset.validation,
+        id2label=dataset.id2label,
+        decision=Decision(config.problem),  # thresholds are tuned after training: 0.5 until then
+        pad_id=pad_id,
+        batch_size=config.eval_batch_size,
+        runtime=job.runtime,
+    )
+    trainer = Trainer(job.model, train_set, validate, config, job.runtime, job.run, RunLogger(job.run, job.log))
     if job.resumed:
         trainer.load_checkpoint()
+    job.log(describe(trainer.plan, len(dataset.train), config, job.attention, trainer.opt.scaler.is_enabled()))
     result = trainer.fit()
     job.log(
         f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s"

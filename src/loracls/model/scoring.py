@@ -1,4 +1,5 @@
-"""Scoring: class logits / probabilities for tokenized texts, in length-sorted batches (little padding)."""
+"""Scoring: class logits / probabilities for tokenized texts, in length-sorted batches (little padding), and
+`evaluate`, the one function that scores a model on a labelled split."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 from tqdm import tqdm
 
 from loracls.calibration import softmax
-from loracls.data.batching import collate, sorted_batches
+from loracls.data.batching import Encoded, collate, sorted_batches
+from loracls.data.splits import Split
+from loracls.problems import Decision, Evaluation, evaluation
 
 PROGRESS_FROM = 2000  # texts: below this a progress bar is noise
 
@@ -72,3 +75,19 @@ def predict_probabilities(
     """Softmax probabilities [n, num_labels] (float64) in the input order."""
     logits = predict_logits(model, ids, pad_id, batch_size, runtime, progress)
     return softmax(logits) if len(logits) else np.zeros((0, 0))
+
+
+def evaluate(
+    model,
+    encoded: Encoded,
+    split: Split,
+    id2label: dict[int, str],
+    decision: Decision,
+    pad_id: int,
+    batch_size: int,
+    runtime,
+) -> Evaluation:
+    """A model on one labelled split: its logits (windows of a long text averaged), the decision's
+    probabilities, then the metrics record, loss and rows (`problems.evaluation`). Pure: writes nothing."""
+    logits = encoded.per_text(predict_logits(model, encoded.ids, pad_id, batch_size, runtime))
+    return evaluation(split.texts, split.labels, decision.probabilities(logits), id2label, decision)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-from sklearn.metrics import log_loss
+from sklearn.metrics import log_loss  # per label, for label sets
 
 from loracls.calibration import CalibrationRecord, check_temperature, mean_nll
 

@@ -198,3 +198,11 @@ def restore(payload: dict, model, optimizer, scheduler, scaler) -> None:
             f"(now {distributed.world_size()})"
         )
     set_rng_state(rng[distributed.rank()])
+
+
+def save_adapter(directory: Path, model, state_dict: dict[str, torch.Tensor]) -> None:
+    """The best adapter so far, replacing the previous one in one step (rank 0 writes)."""
+    if distributed.is_main():
+        files.replace_dir(
+            directory, lambda target: model.save_pretrained(target, state_dict=state_dict), "the best adapter"
+        )
