@@ -2,7 +2,7 @@
 
 1. `loracls doctor` (backend, arch vs build, a real matmul, bf16);
 2. the GPU tests (`pytest -m gpu`, skipped where no GPU is visible);
-3. `loracls bench` (our step against HF Trainer + PEFT) on the Gemma 3 270M architecture and on a ~1B Gemma 3
+3. `benchmarks/bench.py` (our step against HF Trainer + PEFT) on the Gemma 3 270M architecture and on a ~1B Gemma 3
    config, both with random weights (same compute as the real ones; nothing to download), at the default
    recipe (batch 16 x accumulation 2) and at batch 64: train tokens/s, peak memory, MFU against the device's
    peak at the precision trained in, and the ratios.
@@ -105,9 +105,7 @@ def random_model(base: Path, target: Path, shape: dict) -> Path:
 def bench(model: Path, data: str, steps: int, extra: list[str], out: Path, timeout: int) -> dict:
     command = [
         sys.executable,
-        "-m",
-        "loracls",
-        "bench",
+        str(Path(__file__).with_name("bench.py")),
         "--steps",
         str(steps),
         "--recipes",

@@ -171,24 +171,6 @@ def cmd_tune(args) -> None:
     print(run_tune(bases, names, dims, args.trials, train, log))
 
 
-def cmd_bench(args) -> None:
-    from loracls.config import load_config
-    from loracls.diagnostics.bench import RECIPES, format_report, run_bench
-
-    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    unknown = [r for r in recipes if r not in RECIPES]
-    if unknown or not recipes:
-        raise LoraclsError(f"bench: unknown recipe(s) {unknown or recipes}; choose from {', '.join(RECIPES)}")
-    if args.steps < 1 or args.repeats < 1:
-        raise LoraclsError("bench: --steps and --repeats must be >= 1")
-    report = run_bench(load_config(args.config, args.set), args.steps, recipes, args.full, log, args.repeats)
-    if args.out:
-        from loracls import files
-
-        files.write_json(Path(args.out), report)
-    print(format_report(report))
-
-
 def cmd_report(args) -> None:
     from loracls.diagnostics.report import write_report
 
@@ -231,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _job_commands(sub) -> None:
-    """Commands that start from a config: train, baseline, sweep, tune, bench, and doctor."""
+    """Commands that start from a config: train, baseline, sweep, tune, and doctor."""
     p = sub.add_parser("train", help="train a classifier (no config: the embedded default job)")
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -269,24 +251,6 @@ def _job_commands(sub) -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every config")
     p.set_defaults(func=cmd_tune)
-
-    p = sub.add_parser("bench", help="time our train step against the seed's recipe and HF Trainer + PEFT")
-    p.add_argument("config", nargs="?")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=8, help="timed optimizer steps per recipe (after one warm-up step)")
-    p.add_argument(
-        "--recipes",
-        default="loracls,seed,hf_trainer",
-        help="comma-separated: loracls, seed, hf_trainer, hf_trainer_eager",
-    )
-    p.add_argument("--repeats", type=int, default=1, help="alternating rounds; each recipe's fastest is kept")
-    p.add_argument(
-        "--full",
-        action="store_true",
-        help="also run whole jobs: ours, and HF Trainer's when hf_trainer is among the recipes",
-    )
-    p.add_argument("--out", help="write the report as JSON here")
-    p.set_defaults(func=cmd_bench)
 
 
 def _run_commands(sub) -> None:

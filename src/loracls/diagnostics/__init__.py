@@ -1,3 +1,4 @@
-"""Diagnostics: doctor, the HTML report, sweeps, and the bench harness (out of the core path)."""
+"""Diagnostics: doctor, the HTML report of a finished run, and sweeps over a grid of configs (the bench harness
+lives in benchmarks/, outside the package)."""
 
-__all__ = ["doctor", "report", "sweep", "bench", "bench_recipes"]
+__all__ = ["doctor", "report", "sweep"]

@@ -1,6 +1,6 @@
 """One bench recipe, run in a worker process of its own (so its peak memory is its own): our train step,
-the seed's recipe, or HF Trainer + PEFT (steps, or a whole job). `python -m loracls.diagnostics.bench_recipes
-RECIPE STEPS CONFIG_JSON` prints the result as one JSON line."""
+the seed's recipe, or HF Trainer + PEFT (steps, or a whole job). `python benchmarks/bench_recipes.py
+RECIPE STEPS CONFIG_JSON` prints the result as one JSON line. Uses loracls' public entry points only."""
 
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ def run_trainer_job(config: Config) -> dict:
     }
 
 
-if __name__ == "__main__":  # worker entry: python -m loracls.diagnostics.bench_recipes RECIPE STEPS CONFIG_JSON
+if __name__ == "__main__":  # worker entry: python benchmarks/bench_recipes.py RECIPE STEPS CONFIG_JSON
     import warnings
 
     warnings.filterwarnings("ignore")

@@ -1,18 +1,18 @@
-"""`loracls bench`, a development harness kept out of the core path: our train step against (a) the seed's recipe
-(padding to max_length, fp32, plain PEFT loop, accumulation as separate passes) and (b) HF Trainer + PEFT with
-group_by_length, on the same model, data, seed and precision rules. `hf_trainer_eager` is (b) given
-transformers' eager attention by hand (our loop picks eager attention on CPU): it shows how much of the gap
-over (b) is that one choice. Each recipe runs in its own process (`bench_recipes`) so peak memory is its own.
+"""`python benchmarks/bench.py [CONFIG] [--set K=V] [--steps N] [--repeats N] [--recipes ...] [--full] [--out FILE]`: a
+development harness, kept out of the package and using only its public entry points: our train step against (a) the
+seed's recipe (padding to max_length, fp32, plain PEFT loop, accumulation as separate passes) and (b) HF Trainer +
+PEFT with group_by_length, on the same model, data, seed and precision rules. `hf_trainer_eager` is (b) given
+transformers' eager attention by hand (our loop picks eager attention on CPU): it shows how much of the gap over (b)
+is that one choice. Each recipe runs in its own process (`bench_recipes`) so peak memory is its own.
 
-Step mode (default) trains `--steps` optimizer steps per recipe on the same examples and reports train
-tokens/s (real tokens, padding not counted), seconds per step, peak memory, the ratios, the projected train
-time of the full job, and the MFU: the share of the device's peak at the precision trained in (CPU: FMA peak;
-GPU: its bf16 tensor peak; FLOPs ~ 4 x non-embedding parameters per trained token). `--repeats N` runs the
-recipes in N alternating rounds and keeps each recipe's fastest round (a shared machine's noise only ever
-slows a run down). `--full` also runs whole jobs: ours (the real `train`) and (b) as an HF Trainer job with
-the same splits, validation every `eval_every` steps, best checkpoint and early stopping, then test accuracy.
-The seed's whole job (every sequence padded to max_length, fp32) is projected from its step time: it takes
-hours on a CPU.
+Step mode (default) trains `--steps` optimizer steps per recipe on the same examples and reports train tokens/s
+(real tokens, padding not counted), seconds per step, peak memory, the ratios, the projected train time of the full
+job, and the MFU: the share of the device's peak at the precision trained in (CPU: FMA peak; GPU: its bf16 tensor
+peak; FLOPs ~ 4 x non-embedding parameters per trained token). `--repeats N` runs the recipes in N alternating
+rounds and keeps each recipe's fastest round (a shared machine's noise only ever slows a run down). `--full` also
+runs whole jobs: ours (the real `train`) and (b) as an HF Trainer job with the same splits, validation every
+`eval_every` steps, best checkpoint and early stopping, then test accuracy. The seed's whole job (every sequence
+padded to max_length, fp32) is projected from its step time: it takes hours on a CPU.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ def _worker(recipe: str, config: Config, steps: int, log) -> dict:
     log(f"bench: {recipe} ({steps} timed steps) ..." if steps else f"bench: {recipe} whole job ...")
     command = [
         sys.executable,
-        "-m",
-        "loracls.diagnostics.bench_recipes",
+        str(Path(__file__).with_name("bench_recipes.py")),
         recipe,
         str(steps),
         json.dumps(config.to_dict()),
@@ -137,3 +136,41 @@ def format_report(report: dict) -> str:
             f"test accuracy {r['test_accuracy']:.4f}"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The harness's command line; bad input is one `loracls: ...` line and exit 2, as in the CLI."""
+    import argparse
+
+    from loracls import files
+    from loracls.config import load_config
+
+    parser = argparse.ArgumentParser(prog="benchmarks/bench.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--steps", type=int, default=8, help="timed optimizer steps per recipe (after a warm-up)")
+    parser.add_argument("--recipes", default="loracls,seed,hf_trainer", help=f"comma-separated: {', '.join(RECIPES)}")
+    parser.add_argument("--repeats", type=int, default=1, help="alternating rounds; each recipe's fastest is kept")
+    parser.add_argument("--full", action="store_true", help="also run whole jobs: ours, and HF Trainer's")
+    parser.add_argument("--out", help="write the report as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        unknown = [r for r in recipes if r not in RECIPES]
+        if unknown or not recipes:
+            raise LoraclsError(f"bench: unknown recipe(s) {unknown or recipes}; choose from {', '.join(RECIPES)}")
+        if args.steps < 1 or args.repeats < 1:
+            raise LoraclsError("bench: --steps and --repeats must be >= 1")
+        config = load_config(args.config, args.set)
+        report = run_bench(config, args.steps, recipes, args.full, lambda m: print(m, file=sys.stderr), args.repeats)
+        if args.out:
+            files.write_json(Path(args.out), report)
+    except LoraclsError as exc:
+        print(f"loracls: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
