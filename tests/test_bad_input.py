@@ -97,7 +97,7 @@ def test_damaged_run_files_for_evaluate_and_predict(command, name, content, mess
         ),
         ("metrics.json", lambda m: [m], "top level"),
         ("metrics.json", '{"test": NaN}', "NaN is not valid JSON"),
-        ("env.json", lambda e: {**e, "nested": {"a": 1}}, "env.json: nested"),
+        ("env.json", lambda e: {**e, "torch_threads": "many"}, "env.json: torch_threads"),
         ("baseline.json", lambda b: {**b, "zero_shot": None}, "baseline.json: zero_shot"),
         ("train_log.jsonl", '{"step": 1, "loss": 0.5}\n{broken\n', "train_log.jsonl line 2"),
     ],

@@ -229,33 +229,56 @@ def device_description(device: torch.device) -> dict:
     }
 
 
-def environment_record(runtime: Runtime | None = None) -> dict:
+@dataclass
+class Environment:
+    """env.json in every run directory (and what `doctor` prints): versions and device facts."""
+
+    python: str
+    platform: str
+    torch: str
+    torch_hip: str | None
+    torch_cuda: str | None
+    transformers: str
+    peft: str
+    accelerate: str | None
+    backend: str
+    torch_threads: int
+    device: str
+    precision: str | None  # the compute dtype trained in; None outside a run
+    device_name: str | None = None
+    device_arch: str | None = None
+    device_memory_gb: float | None = None  # GPUs
+    cpu_count: int | None = None  # CPUs
+    cpu_native_bf16: bool | None = None  # CPUs
+
+
+def environment_record(runtime: Runtime | None = None) -> Environment:
     """Versions and device facts written to env.json in every run directory."""
     import peft
     import transformers
 
-    record = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torch_hip": torch.version.hip,
-        "torch_cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "backend": backend_name(),
-        "torch_threads": torch.get_num_threads(),
-    }
     try:
         import accelerate
 
-        record["accelerate"] = accelerate.__version__
+        accelerate_version = accelerate.__version__
     except ImportError:
-        record["accelerate"] = None
+        accelerate_version = None
     device = runtime.device if runtime else torch.device("cpu")
-    record["device"] = str(device)
-    record["precision"] = str(runtime.dtype).replace("torch.", "") if runtime else None
-    record.update(device_description(device))
-    return record
+    return Environment(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        torch=torch.__version__,
+        torch_hip=torch.version.hip,
+        torch_cuda=torch.version.cuda,
+        transformers=transformers.__version__,
+        peft=peft.__version__,
+        accelerate=accelerate_version,
+        backend=backend_name(),
+        torch_threads=torch.get_num_threads(),
+        device=str(device),
+        precision=str(runtime.dtype).replace("torch.", "") if runtime else None,
+        **device_description(device),
+    )
 
 
 @functools.cache

@@ -19,6 +19,7 @@ from loracls import files
 from loracls.calibration import CalibrationRecord
 from loracls.config import check_run_name, from_dict, read_mapping
 from loracls.errors import LoraclsError
+from loracls.hardware import Environment
 from loracls.metrics import ClassificationMetrics
 from loracls.problems import PROBLEMS, AnyMetrics, Decision
 from loracls.verdict import Verdict
@@ -282,8 +283,8 @@ def read_decision(run: Path) -> Decision:
     return InputFormat.read(run / ADAPTER / CALIBRATION).decision
 
 
-def read_env(run: Path) -> dict[str, str | int | float | bool | None]:
-    return read_record(run / ENV, dict[str, str | int | float | bool | None])
+def read_env(run: Path) -> Environment:
+    return read_record(run / ENV, Environment)
 
 
 def read_labels(run: Path) -> dict[int, str]:

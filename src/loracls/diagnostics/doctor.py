@@ -83,7 +83,7 @@ def doctor(log=print) -> int:
     record = environment_record()
     log(f"backend       {facts.backend}")
     for key in ("torch", "torch_hip", "torch_cuda", "transformers", "peft", "accelerate", "python"):
-        log(f"{key:<13} {record.get(key)}")
+        log(f"{key:<13} {getattr(record, key)}")
     log(f"device        {facts.device_name}" + (f" ({facts.device_arch})" if facts.device_arch else ""))
     if facts.arch_list:
         log(f"torch archs   {', '.join(facts.arch_list)}")

@@ -52,20 +52,18 @@ def confident_mistakes(rows: list[dict], limit: int = 10) -> list[dict]:
     return sorted(mistakes, key=lambda r: -_confidence_in_mistake(r))[:limit]
 
 
-def _plot_curves(log: list[dict], target: Path) -> None:
+def _plot_curves(log: list[runs.TrainLogLine | runs.ValidationLogLine], target: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in log if isinstance(r.get("loss"), (int, float)) and isinstance(r.get("step"), int)]
-    evals = [
-        r for r in log if isinstance(r.get("validation_accuracy"), (int, float)) and isinstance(r.get("step"), int)
-    ]
+    steps = [r for r in log if isinstance(r, runs.TrainLogLine)]
+    evals = [r for r in log if isinstance(r, runs.ValidationLogLine)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    left.plot([r["step"] for r in steps], [r["loss"] for r in steps], color="tab:blue")
+    left.plot([r.step for r in steps], [r.loss for r in steps], color="tab:blue")
     left.set(title="training loss", xlabel="optimizer step", ylabel="loss")
-    right.plot([r["step"] for r in evals], [r["validation_accuracy"] for r in evals], marker="o", color="tab:green")
+    right.plot([r.step for r in evals], [r.validation_accuracy for r in evals], marker="o", color="tab:green")
     right.set(title="validation accuracy", xlabel="optimizer step", ylabel="accuracy")
     for axis in (left, right):
         axis.grid(alpha=0.3)
@@ -212,10 +210,10 @@ def write_report(run_path: str) -> Path:
     if not (run / runs.METRICS).is_file():
         raise LoraclsError(f"{run_path} is not a finished loracls run directory ({runs.METRICS} missing)")
     metrics = runs.read_metrics(run)
-    env = runs.read_env(run) if (run / runs.ENV).is_file() else {}
+    env = runs.to_dict(runs.read_env(run)) if (run / runs.ENV).is_file() else {}
     baseline = runs.read_baseline(run) if (run / runs.BASELINE).is_file() else None
     tfidf = runs.read_tfidf(run) if (run / runs.TFIDF).is_file() else None
-    _plot_curves(_read_jsonl(run / runs.TRAIN_LOG), run / "curves.png")
+    _plot_curves(runs.read_train_log(run) if (run / runs.TRAIN_LOG).is_file() else [], run / "curves.png")
     confusion = getattr(metrics.test, "confusion_matrix", None)  # one label a text: a confusion matrix
     if confusion is not None:
         _plot_confusion(confusion, run / "confusion.png")

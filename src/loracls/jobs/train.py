@@ -228,7 +228,7 @@ def _new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextli
         run = runs.new_run_dir(config.output_dir, config.run_name)
         held.enter_context(runs.hold(run))
         runs.write_config(run, config)
-        files.write_json(run / runs.ENV, environment_record(runtime))
+        runs.write_record(run / runs.ENV, environment_record(runtime))
         runs.write_labels(run, dataset.id2label)
     return distributed.broadcast_object(run)
 

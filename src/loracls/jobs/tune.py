@@ -108,14 +108,10 @@ def _check_space(bases: list[Config], dims: list[Dimension]) -> None:
 def validation_score(run: Path, select_by: str) -> float:
     """The best checkpoint's validation score by `select_by` (higher is better: the loss is negated)."""
     best = runs.read_metrics(run).validation.best_step
-    rows = [
-        row
-        for row in files.read_jsonl(run / runs.TRAIN_LOG, "run file")
-        if row.get("step") == best and SCORE_KEYS[select_by] in row
-    ]
+    rows = [row for row in runs.read_train_log(run) if isinstance(row, runs.ValidationLogLine) and row.step == best]
     if not rows:
         raise LoraclsError(f"{run}: no validation at the best step {best} in {runs.TRAIN_LOG}")
-    value = float(rows[-1][SCORE_KEYS[select_by]])
+    value = float(getattr(rows[-1], SCORE_KEYS[select_by]))
     return -value if select_by == "loss" else value
 
 
