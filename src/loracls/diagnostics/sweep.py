@@ -10,25 +10,32 @@ import csv
 import io
 import itertools
 import time
+from dataclasses import asdict, astuple, dataclass, fields
 from pathlib import Path
 
 from loracls import files, runs
 from loracls.config import FIELDS, Config, from_dict, parse_value, split_alternatives
 from loracls.errors import LoraclsError
 
-COLUMNS = [
-    "run",
-    "validation_accuracy",
-    "test_accuracy",
-    "test_macro_f1",
-    "test_micro_f1",
-    "zero_shot_accuracy",
-    "calibrated_accuracy",
-    "tfidf_accuracy",
-    "encoder_accuracy",
-    "train_tokens_per_second",
-    "seconds",
-]
+
+@dataclass
+class SweepRow:
+    """One run of a sweep, as results.csv and results.md hold it (None: not measured in that run)."""
+
+    run: str
+    validation_accuracy: float
+    test_accuracy: float
+    test_macro_f1: float
+    test_micro_f1: float | None  # multi_label runs
+    zero_shot_accuracy: float | None
+    calibrated_accuracy: float | None
+    tfidf_accuracy: float | None
+    encoder_accuracy: float | None
+    train_tokens_per_second: float
+    seconds: float
+
+
+COLUMNS = [f.name for f in fields(SweepRow)]
 
 
 def parse_grid(items: list[str]) -> dict[str, list]:
@@ -62,30 +69,31 @@ def combinations(base: Config, grid: dict[str, list]) -> list[tuple[str, Config]
     return out
 
 
-def _row(name: str, run: Path, seconds: float) -> dict:
+def _row(name: str, run: Path, seconds: float) -> SweepRow:
     metrics = runs.read_metrics(run)
-    return {
-        "run": name,
-        "validation_accuracy": round(metrics.validation.best_accuracy, 4),
-        "test_accuracy": round(metrics.test.accuracy, 4),
-        "test_macro_f1": round(metrics.test.macro_f1, 4),
-        "test_micro_f1": _rounded(getattr(metrics.test, "micro_f1", None)),  # multi_label runs
-        **{
-            f"{name}_accuracy": _rounded(getattr(metrics.baseline, f"{name}_accuracy", None))
-            for name in ("zero_shot", "calibrated", "tfidf", "encoder")
-        },
-        "train_tokens_per_second": round(metrics.train.tokens_per_second, 1),
-        "seconds": round(seconds, 1),
+    baselines = {
+        f"{name}_accuracy": _rounded(getattr(metrics.baseline, f"{name}_accuracy", None))
+        for name in ("zero_shot", "calibrated", "tfidf", "encoder")
     }
+    return SweepRow(
+        run=name,
+        validation_accuracy=round(metrics.validation.best_accuracy, 4),
+        test_accuracy=round(metrics.test.accuracy, 4),
+        test_macro_f1=round(metrics.test.macro_f1, 4),
+        test_micro_f1=_rounded(getattr(metrics.test, "micro_f1", None)),
+        train_tokens_per_second=round(metrics.train.tokens_per_second, 1),
+        seconds=round(seconds, 1),
+        **baselines,
+    )
 
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[SweepRow]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join("" if v is None else str(v) for v in astuple(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -110,7 +118,7 @@ def _run_points(sweep_dir: Path, points: list, grid: dict[str, list], train, log
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(asdict(row) for row in rows)
         files.write_text(sweep_dir / "results.csv", buffer.getvalue())  # rewritten after every run
         files.write_text(sweep_dir / "results.md", markdown_table(rows))
     files.write_json(sweep_dir / "grid.json", grid)
