@@ -124,7 +124,7 @@ def format_report(report: dict) -> str:
         share = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
         lines.append(
             f"{name:<16} {r['precision']:<9} {r.get('attention', '-'):<9} {r['tokens_per_second']:>9.1f} "
-            f"{r['seconds_per_step']:>7.2f} {r.get('gpu_peak_memory_mb', r['peak_rss_mb']):>8.0f} {share:>8} "
+            f"{r['seconds_per_step']:>7.2f} {r.get('gpu_peak_memory_mb') or r['peak_rss_mb']:>8.0f} {share:>8} "
             f"{r['projected_train_minutes']:>14.1f} min"
         )
     for name, ratio in report.get("ratios", {}).items():

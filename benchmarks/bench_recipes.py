@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -194,6 +195,26 @@ def _group_by_length(arguments_class) -> dict:
     )
 
 
+@dataclass
+class RecipeTiming:
+    """One recipe's timed steps: the bench report's row (bench.json `recipes`)."""
+
+    recipe: str
+    precision: str
+    attention: str
+    steps: int
+    seconds: float
+    tokens: int
+    tokens_per_second: float  # real tokens, padding not counted
+    seconds_per_step: float
+    flops_per_token: int
+    mean_tokens_per_example: float
+    peak_rss_mb: float
+    peak_flops: float | None  # None where the device's peak is not known
+    mfu: float | None
+    gpu_peak_memory_mb: float | None = None
+
+
 def run_recipe(recipe: str, config: Config, steps: int) -> dict:
     """Worker: time `steps` optimizer steps of one recipe and return the numbers."""
     from loracls.data.batching import encode
@@ -214,24 +235,28 @@ def run_recipe(recipe: str, config: Config, steps: int) -> dict:
         timing = _trainer_loop(config, runtime, peft_model, loaded.tokenizer, ids, dataset.train.labels, groups)
     per_token = train_flops_per_token(loaded.model)
     tokens_per_second = timing["tokens"] / max(timing["seconds"], 1e-9)
-    result = {
-        "recipe": recipe,
-        "precision": str(runtime.dtype).replace("torch.", ""),
-        **timing,
-        "tokens_per_second": tokens_per_second,
-        "seconds_per_step": timing["seconds"] / max(timing["steps"], 1),
-        "flops_per_token": per_token,
-        "mean_tokens_per_example": round(sum(lengths) / len(lengths), 2),
-        "attention": loaded.model.config._attn_implementation,
-    }
     import resource
 
-    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    result["peak_flops"] = peak_flops(runtime)  # None where the device's peak is not known
-    result["mfu"] = mfu(tokens_per_second, per_token, result["peak_flops"])
-    if runtime.device.type == "cuda":
-        result["gpu_peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return result
+    peak = peak_flops(runtime)
+    cuda = runtime.device.type == "cuda"
+    return asdict(
+        RecipeTiming(
+            recipe=recipe,
+            precision=str(runtime.dtype).replace("torch.", ""),
+            attention=loaded.model.config._attn_implementation,
+            steps=timing["steps"],
+            seconds=timing["seconds"],
+            tokens=timing["tokens"],
+            tokens_per_second=tokens_per_second,
+            seconds_per_step=timing["seconds"] / max(timing["steps"], 1),
+            flops_per_token=per_token,
+            mean_tokens_per_example=round(sum(lengths) / len(lengths), 2),
+            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            peak_flops=peak,
+            mfu=mfu(tokens_per_second, per_token, peak),
+            gpu_peak_memory_mb=round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
+        )
+    )
 
 
 def run_trainer_job(config: Config) -> dict:

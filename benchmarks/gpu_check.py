@@ -185,7 +185,7 @@ def summarize(result: dict) -> str:
             continue
         ours, theirs = report["recipes"]["loracls"], report["recipes"]["hf_trainer"]
         mfu = "-" if ours.get("mfu") is None else f"{100 * ours['mfu']:.1f}%"
-        memory = ours.get("gpu_peak_memory_mb", ours["peak_rss_mb"])
+        memory = ours.get("gpu_peak_memory_mb") or ours["peak_rss_mb"]
         lines.append(
             f"{name}: loracls {ours['tokens_per_second']:.0f} vs HF Trainer {theirs['tokens_per_second']:.0f} "
             f"train tokens/s = {report['ratios']['loracls_vs_hf_trainer']:.2f}x; MFU {mfu}; peak {memory:.0f} MB"
