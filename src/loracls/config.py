@@ -47,10 +47,17 @@ class Config:
     text_column: str = _help("text", "the column that holds the text")
     label_column: str = _help("label", "the column that holds the label (multi_label: the label set)")
     labels: list[str] | None = _help(None, "label names in id order; default: sorted names found in the data")
-    problem: Literal["single_label", "multi_label"] = _help(
-        "single_label", "single_label: one label a text (softmax); multi_label: a set, maybe empty (sigmoid)"
+    problem: Literal["single_label", "multi_label", "label_and_comment"] = _help(
+        "single_label",
+        "single_label: one label a text (softmax); multi_label: a set, maybe empty (sigmoid); "
+        "label_and_comment: one label a text, scored by the causal LM, and a short generated comment",
     )
     label_separator: str | None = _help(None, 'multi_label: splits a text label cell ("a|b"); lists need none')
+    comment_column: str | None = _help(None, "label_and_comment: the column that holds each text's reference comment")
+    max_comment_tokens: int = _help(48, "label_and_comment: the most tokens a generated comment may have", ge=1)
+    label_token_weight: float = _help(
+        1.0, "label_and_comment: the loss weight of the label word's tokens (the comment's are 1)", gt=0, le=100
+    )
     train_size: int | None = _help(5000, "training examples; null: everything left after validation and test", ge=1)
     validation_size: int = _help(800, "validation examples (made splits)", ge=1)
     test_size: int = _help(1200, "test examples (made splits)", ge=1)

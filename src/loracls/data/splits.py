@@ -26,6 +26,7 @@ OVERLAP_LIMIT = 0.01  # given splits may share at most this share of an evaluati
 class Split:
     texts: list[str]
     labels: list  # a label per text, as its problem type stores it (`Problem.label_ids`)
+    comments: list[str] | None = None  # label_and_comment: each text's reference comment
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -77,7 +78,10 @@ def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -
     kind = problem_for(config.problem)
     cells = kind.clean_cells(labels, missing, config, source, notes)
     _refuse_case_twins({name for cell in cells for name in kind.names_in(cell)}, source)
-    return pd.DataFrame({"text": texts.astype(str).values, "label": pd.Series(cells, dtype=object).values})
+    carried = {
+        name: pd.Series(values, dtype=object).values for name, values in kind.carried(frame, config, source).items()
+    }
+    return pd.DataFrame({"text": texts.astype(str).values, "label": pd.Series(cells, dtype=object).values, **carried})
 
 
 def _names_in(frame: pd.DataFrame, kind: Problem) -> set[str]:
@@ -147,7 +151,8 @@ def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str, kind: 
         raise LoraclsError(
             f"{source}: unknown label(s) {', '.join(map(repr, unknown))} not in training labels {', '.join(label2id)}"
         )
-    return Split(list(frame["text"]), [kind.label_ids(cell, label2id) for cell in frame["label"]])
+    comments = list(frame["comment"]) if "comment" in frame.columns else None
+    return Split(list(frame["text"]), [kind.label_ids(cell, label2id) for cell in frame["label"]], comments)
 
 
 def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int], source: str) -> Split:

@@ -1,6 +1,6 @@
-"""Problem types, one room each: `single_label` and `multi_label`, registered by name in `PROBLEMS` and chosen
-once from `Config.problem` (`problem_for`). Each owns its label cells, loss, decision and metrics record;
-the rest of loracls asks the problem instead of branching on it. The names most callers need
+"""Problem types, one room each: `single_label`, `multi_label` and `label_and_comment`, registered by name in
+`PROBLEMS` and chosen once from `Config.problem` (`problem_for`). Each owns its label cells, loss, decision
+and metrics record; the rest of loracls asks the problem instead of branching on it. The names most callers need
 (`PROBLEMS`, `Decision`, `problem_for`, `evaluation`, `AnyMetrics`, ...) are importable from here."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pydantic import Discriminator, Tag
 
 from loracls.problems.base import PROBLEMS, Decision, Problem, problem_for, register
 from loracls.problems.evaluation import Evaluation, PredictionRow, evaluation, prediction_rows
+from loracls.problems.label_and_comment import IGNORE_INDEX, LabelAndComment, SequenceTargets, training_sequence
 from loracls.problems.multi_label import MultiLabel, multi_hot, sigmoid, tune_thresholds
 from loracls.problems.single_label import SingleLabel
 
@@ -20,14 +21,18 @@ __all__ = [
     "single_label",
     "multi_label",
     "evaluation",
+    "label_and_comment",
     # and the names most callers need
+    "IGNORE_INDEX",
     "PROBLEMS",
     "AnyMetrics",
     "Decision",
     "Evaluation",
+    "LabelAndComment",
     "MultiLabel",
     "PredictionRow",
     "Problem",
+    "SequenceTargets",
     "SingleLabel",
     "evaluation",
     "multi_hot",
@@ -35,6 +40,7 @@ __all__ = [
     "problem_for",
     "register",
     "sigmoid",
+    "training_sequence",
     "tune_thresholds",
 ]
 

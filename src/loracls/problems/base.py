@@ -93,6 +93,10 @@ class Problem(ABC):
     def clean_cells(self, labels: pd.Series, missing: pd.Series, config, source: str, notes: list[str]) -> list:
         """A table's label column -> cells (a label name, or a sorted tuple of names); bad cells refused."""
 
+    def carried(self, frame: pd.DataFrame, config, source: str) -> dict[str, list]:
+        """Columns a text carries beside its label through the checks and splits (checked here): none."""
+        return {}
+
     @abstractmethod
     def names_in(self, cell) -> tuple[str, ...]:
         """The label names one cleaned cell carries."""

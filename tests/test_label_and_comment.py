@@ -1,0 +1,170 @@
+"""label_and_comment on the tiny causal LM: the training sequence and its loss mask, the label scorer reading
+exactly the tokens trained on, bounded greedy generation, and the data refusals."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import make_tokenizer, synthetic_frame
+from loracls.config import load_config
+from loracls.data.splits import load_dataset
+from loracls.errors import LoraclsError
+from loracls.hardware import Runtime
+from loracls.model.generation import generate
+from loracls.model.label_scoring import LabelScorer
+from loracls.problems import IGNORE_INDEX, PROBLEMS, training_sequence
+
+CPU = Runtime(torch.device("cpu"), torch.float32)
+PROBLEM = PROBLEMS["label_and_comment"]
+
+
+@pytest.fixture(scope="module")
+def causal_lm(gemma3_dir):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(gemma3_dir).eval()
+
+
+def _sequence(tokenizer, text="the film was good", word="good", comment="great plot ok", weight=1.0):
+    scorer = LabelScorer(None, tokenizer, "{text} was", [word], 64, 4, CPU)
+    prompt = scorer._prompt_ids([text])[0]
+    comment_ids = tokenizer(comment, add_special_tokens=False)["input_ids"]
+    return (
+        prompt,
+        scorer.verbalizer_ids[0],
+        comment_ids,
+        *training_sequence(prompt, scorer.verbalizer_ids[0], [], comment_ids, tokenizer.eos_token_id, weight),
+    )
+
+
+def test_the_prompt_carries_no_loss_and_the_answer_all_of_it():
+    tokenizer = make_tokenizer()
+    prompt, label, comment, ids, targets = _sequence(tokenizer, weight=2.0)
+    assert ids == prompt + label + comment + [tokenizer.eos_token_id]
+    assert targets.token_ids[: len(prompt)] == [IGNORE_INDEX] * len(prompt)
+    assert targets.token_ids[len(prompt) :] == ids[len(prompt) :]
+    assert targets.weights == [0.0] * len(prompt) + [2.0] * len(label) + [1.0] * (len(comment) + 1)
+    logits = torch.randn(1, len(ids), len(tokenizer), requires_grad=True)
+    loss = PROBLEM.loss(logits, PROBLEM.targets([targets], 0, "cpu"), None, 1)
+    loss.backward()
+    grad = logits.grad[0].abs().sum(-1)
+    # position t predicts token t + 1: the prompt's positions but its last predict prompt tokens: no gradient
+    assert torch.all(grad[: len(prompt) - 1] == 0) and torch.all(grad[len(prompt) - 1 : -1] > 0)
+    assert grad[-1] == 0  # nothing follows EOS
+
+
+def test_the_loss_is_the_weighted_mean_over_the_answer_tokens(causal_lm):
+    tokenizer = make_tokenizer()
+    prompt, label, comment, ids, targets = _sequence(tokenizer)
+    with torch.no_grad():
+        logits = causal_lm(torch.tensor([ids])).logits
+        hf = causal_lm(torch.tensor([ids]), labels=torch.tensor([targets.token_ids])).loss  # transformers' own
+    ours = PROBLEM.loss(logits, PROBLEM.targets([targets], 0, "cpu"), None, 1)
+    assert ours.item() == pytest.approx(hf.item(), rel=1e-5)
+    _, _, _, _, heavy = _sequence(tokenizer, weight=3.0)
+    logprobs = torch.log_softmax(logits[0], -1)
+    per_token = [-logprobs[t - 1, ids[t]].item() for t in range(len(prompt), len(ids))]
+    expected = (3.0 * sum(per_token[: len(label)]) + sum(per_token[len(label) :])) / len(per_token)
+    assert PROBLEM.loss(logits, PROBLEM.targets([heavy], 0, "cpu"), None, 1).item() == pytest.approx(expected, rel=1e-5)
+    pair = PROBLEM.targets([targets, heavy], 0, "cpu")
+    two = PROBLEM.loss(torch.cat([logits, logits]), pair, None, 4)
+    assert two.item() == pytest.approx((hf.item() + expected) / 4, rel=1e-5)  # a share of the step's mean
+
+
+def test_the_label_scorer_reads_the_label_tokens_that_were_trained(causal_lm):
+    tokenizer = make_tokenizer()
+    words = ["good", "bad"]
+    scorer = LabelScorer(causal_lm, tokenizer, "{text} was", words, 64, 4, CPU)
+    text = "the film was good"
+    scores = scorer.label_logprobs([text])[0]
+    for k, word in enumerate(words):
+        prompt, label, comment, ids, targets = _sequence(tokenizer, text=text, word=word)
+        with torch.no_grad():
+            logprobs = torch.log_softmax(causal_lm(torch.tensor([ids])).logits[0], -1)
+        trained = sum(logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(label))
+        assert scores[k] == pytest.approx(trained, abs=1e-4)
+
+
+def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
+    tokenizer = make_tokenizer()
+    prompts = [tokenizer("the film was")["input_ids"], tokenizer("a long dull plot and the actor")["input_ids"]]
+    bounded = generate(causal_lm, tokenizer, prompts, 3, 2, CPU)
+    assert all(n <= 3 for n in bounded.tokens) and len(bounded.texts) == 2
+    alone = [generate(causal_lm, tokenizer, [p], 3, 1, CPU).texts[0] for p in prompts]
+    assert bounded.texts == alone  # batched and left-padded = one at a time
+    eos = tokenizer.eos_token_id
+
+    def eos_first(module, inputs, logits):  # EOS the most likely next token everywhere: generation ends at once
+        logits[..., eos] += 1e4
+
+    handle = causal_lm.lm_head.register_forward_hook(eos_first)
+    try:
+        stopped = generate(causal_lm, tokenizer, prompts, 5, 2, CPU)
+    finally:
+        handle.remove()
+    assert stopped.tokens == [0, 0] and stopped.texts == ["", ""]
+    calls = {"n": 0}
+
+    def eos_third(module, inputs, logits):  # two tokens, then EOS: the comment is those two, EOS dropped
+        calls["n"] += 1
+        if calls["n"] == 3:
+            logits[..., eos] += 1e4
+
+    handle = causal_lm.lm_head.register_forward_hook(eos_third)
+    try:
+        two = generate(causal_lm, tokenizer, prompts, 5, 2, CPU)
+    finally:
+        handle.remove()
+    assert two.tokens == [2, 2] and all(len(text.split()) == 2 for text in two.texts)
+
+
+# --- data -----------------------------------------------------------------------------------------------
+
+
+def _frame(n=300):
+    frame = synthetic_frame(n)
+    frame["why"] = [f"it is {label} ok" for label in frame["label"]]
+    return frame
+
+
+def _config(path, *extra):
+    values = ["problem=label_and_comment", "comment_column=why", f"data={path}", "train_size=60"]
+    return load_config(None, [*values, "validation_size=20", "test_size=20", *extra])
+
+
+def test_comments_travel_with_their_texts_through_the_splits(tmp_path):
+    path = tmp_path / "d.csv"
+    frame = _frame()
+    frame.to_csv(path, index=False)
+    dataset = load_dataset(_config(path))
+    expected = dict(zip(frame["text"], frame["why"]))
+    for split in (dataset.train, dataset.validation, dataset.test):
+        assert split.comments is not None and len(split.comments) == len(split.texts)
+        assert all(expected[t] == c for t, c in zip(split.texts, split.comments))
+    assert isinstance(dataset.train.labels[0], int)
+
+
+@pytest.mark.parametrize(
+    "change, extra, message",
+    [
+        (lambda f: f.drop(columns=["why"]), [], "comment column 'why' not found"),
+        (lambda f: f.assign(why=[""] + list(f["why"][1:])), [], "1 empty comment"),
+        (lambda f: f.assign(label=['["pos", "neg"]'] + list(f["label"][1:])), [], "one label a text"),
+        (lambda f: f, ["comment_column=null"], "needs comment_column"),
+        (lambda f: f, ["long_text=chunks"], "long_text: truncate or head_tail"),
+    ],
+)
+def test_bad_label_and_comment_input_is_one_line(tmp_path, change, extra, message):
+    path = tmp_path / "d.csv"
+    change(_frame()).to_csv(path, index=False)
+    with pytest.raises(LoraclsError, match=message):
+        load_dataset(_config(path, *extra))
+
+
+def test_list_cells_from_jsonl_are_refused(tmp_path):
+    rows = [{"text": f"t {i}", "label": ["pos"] if i == 3 else "pos", "why": "w"} for i in range(40)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(LoraclsError, match="a label set in column 'label' at row 3"):
+        load_dataset(_config(path))
