@@ -124,7 +124,7 @@ def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
 
 def _frame(n=300):
     frame = synthetic_frame(n)
-    frame["why"] = [f"it is {label} ok" for label in frame["label"]]
+    frame["why"] = ["the story was " + ("good" if label == "pos" else "bad") for label in frame["label"]]
     return frame
 
 
@@ -168,3 +168,33 @@ def test_list_cells_from_jsonl_are_refused(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(LoraclsError, match="a label set in column 'label' at row 3"):
         load_dataset(_config(path))
+
+
+# --- the whole job ----------------------------------------------------------------------------------------
+
+
+def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_path, capsys):
+    from conftest import tiny_overrides
+    from loracls.cli import main
+    from loracls.files import read_jsonl
+
+    path = tmp_path / "d.csv"
+    _frame(400).to_csv(path, index=False)
+    extra = dict(problem="label_and_comment", comment_column="why", max_comment_tokens=4, epochs=4, baseline=False)
+    extra["verbalizers"] = {"neg": "bad", "pos": "good"}  # words the tiny vocabulary has
+    extra["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    extra.update(r=8, lora_alpha=16, learning_rate=2e-2)  # a random tiny LM learns its frozen vocabulary slowly
+    args = tiny_overrides(gemma3_dir, path, tmp_path, train_size=120, validation_size=40, test_size=40, **extra)
+    assert main(["train", *args]) == 0
+    run = tmp_path / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    comments = metrics["comments"]
+    assert comments["examples"] == 40 and comments["mean_tokens"] <= 4
+    assert 0 <= comments["rouge_l"] <= 1 and 0 <= comments["chrf"] <= 100 and 0 <= comments["consistency"] <= 1
+    assert metrics["test"]["accuracy"] > 0.5  # the label words are learnable in a few steps
+    rows = read_jsonl(run / "predictions" / "test.jsonl")
+    assert {"text", "label", "prediction", "probabilities", "comment", "reference_comment"} <= set(rows[0])
+    assert all(row["prediction"] in ("neg", "pos") for row in rows)  # scored, never sampled: always a label
+    assert (run / "adapter" / "adapter_model.safetensors").exists() and not (run / "checkpoint.pt").exists()
+    saved = json.loads((run / "adapter" / "loracls_calibration.json").read_text())
+    assert saved["decision"]["problem"] == "label_and_comment" and saved["decision"]["temperature"] > 0

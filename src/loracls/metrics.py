@@ -130,3 +130,15 @@ def multilabel_metrics(
 
 def format_metrics(metrics: ClassificationMetrics | MultiLabelMetrics) -> str:
     return metrics.text()
+
+
+def comment_scores(generated: list[str], references: list[str]) -> tuple[float, float]:
+    """(mean ROUGE-L F1, corpus chrF) of generated comments against their references: rouge-score and
+    sacrebleu, no metric of our own."""
+    from rouge_score import rouge_scorer
+    from sacrebleu.metrics import CHRF
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    rouge = [scorer.score(ref, gen)["rougeL"].fmeasure for gen, ref in zip(generated, references)]
+    chrf = CHRF().corpus_score(generated, [references]).score
+    return float(sum(rouge) / max(len(rouge), 1)), float(chrf)

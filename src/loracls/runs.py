@@ -157,6 +157,19 @@ class ExportCheck:
 
 
 @dataclass
+class CommentMetrics:
+    """label_and_comment: the generated comments of the test split against the references."""
+
+    examples: int
+    rouge_l: float  # mean ROUGE-L F1 (rouge-score, stemmed)
+    chrf: float  # corpus chrF (sacrebleu), 0-100
+    consistency: float  # share of comments that the run's label scorer, reading the comment alone, gives the label
+    mean_tokens: float
+    tokens_per_second: float  # generation, batched, on this machine
+    zero_shot_rouge_l: float | None = None  # the base model's comments after the same prompt and label
+
+
+@dataclass
 class Metrics:
     """metrics.json: what a finished run measured."""
 
@@ -173,6 +186,7 @@ class Metrics:
     calibration: CalibrationRecord | None = None  # single_label: the temperature; multi_label: see test.thresholds
     problem: str = "single_label"
     verdict: Verdict | None = None  # every model side by side on the test split, and which to ship
+    comments: CommentMetrics | None = None  # label_and_comment
 
 
 Record = TypeVar("Record")

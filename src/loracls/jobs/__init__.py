@@ -1,4 +1,4 @@
-"""Jobs: the main train job as named phases, its baseline ladder and verdict, the Optuna search, and the
-preflight checks."""
+"""Jobs: the main train job as named phases, the label_and_comment job, the baseline ladder and verdict, the
+Optuna search, and the preflight checks."""
 
-__all__ = ["train", "ladder", "tune", "preflight"]
+__all__ = ["train", "comment", "ladder", "tune", "preflight"]

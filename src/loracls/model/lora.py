@@ -67,8 +67,9 @@ def module_summary(model: nn.Module) -> list[tuple[str, str, int]]:
     return [(name, descriptions[name], count) for name, count in groups.items()]
 
 
-def check_targets(model: nn.Module, patterns: list[str]) -> list[str]:
-    """Refuse targets that match nothing, only embeddings, or the head (it is trained in full instead)."""
+def check_targets(model: nn.Module, patterns: list[str], head: str | None = "") -> list[str]:
+    """Refuse targets that match nothing, only embeddings, or the head (it is trained in full instead; head
+    None: a causal LM keeps its LM head frozen, and no target may be it either)."""
     matched = match_targets(model, patterns)
     if not matched:
         suffixes = sorted(
@@ -85,7 +86,7 @@ def check_targets(model: nn.Module, patterns: list[str]) -> list[str]:
             f"target_modules {patterns} match only embeddings ({', '.join(matched[:3])}); "
             f"LoRA there cannot change the classification; target attention/MLP projections"
         )
-    head = head_name(model)
+    head = head_name(model) if head == "" else head or "lm_head"
     on_head = [name for name in matched if name == head or name.startswith(head + ".")]
     if on_head:
         raise LoraclsError(
@@ -129,6 +130,24 @@ def apply_lora(
     log(
         f"lora: trainable {report.trainable:,} of {report.total:,} parameters "
         f"({100 * report.trainable / report.total:.3f}%), head {head!r} trained in full"
+    )
+    return peft_model, report
+
+
+def apply_causal_lora(
+    model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str], log=print
+) -> tuple[PeftModel, LoraReport]:
+    """LoRA on a causal LM that keeps its own LM head (label_and_comment: no classification head)."""
+    matched = check_targets(model, patterns, head=None)
+    config = LoraConfig(
+        task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=matched
+    )
+    peft_model = get_peft_model(model, config)
+    use_cheap_dropout(peft_model)
+    report = LoraReport(matched, *count_parameters(peft_model), "lm_head")
+    log(
+        f"lora: r={r} alpha={alpha:g} dropout={dropout:g} on the causal LM; {len(matched)} modules; trainable "
+        f"{report.trainable:,} of {report.total:,} parameters ({100 * report.trainable / report.total:.3f}%)"
     )
     return peft_model, report
 

@@ -1,0 +1,239 @@
+"""The label_and_comment job, as named phases: prepare -> fit -> decide -> test (labels, then comments) -> metrics.
+
+LoRA trains the causal LM itself (no classification head) on prompt + label word + newline + comment + EOS,
+with the loss on the label word and the comment only (`problems.label_and_comment`). The same loop,
+checkpoints, resume and validation as classification: validation scores each label word after the prompt
+(`model.label_scoring`, the zero-shot baseline's scorer), so the label is always in the label set. After
+training a temperature is fitted on validation; on the test split the chosen label's comment is generated
+(greedy, at most `max_comment_tokens`) and scored against the reference comments (ROUGE-L, chrF), and for
+consistency the run's own label scorer reads each comment alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from loracls import files, runs
+from loracls.config import Config
+from loracls.data.splits import Dataset, Split, format_counts, load_dataset
+from loracls.errors import LoraclsError, first_line
+from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
+from loracls.jobs.preflight import preflight
+from loracls.metrics import comment_scores
+from loracls.model.generation import generate
+from loracls.model.label_scoring import LabelScorer
+from loracls.model.lora import LoraReport, apply_causal_lora
+from loracls.model.source import resolve_model_dir
+from loracls.model.speedups import apply_speedups
+from loracls.model.tokenizer import load_tokenizer
+from loracls.problems import Decision, Evaluation, evaluation, training_sequence
+from loracls.problems.label_and_comment import COMMENT_SEPARATOR, DEFAULT_TEMPLATE
+from loracls.runs import CommentMetrics, Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.training.logger import RunLogger
+from loracls.training.loop import Trainer, TrainResult, TrainSet
+from loracls.training.plan import describe
+
+
+@dataclass
+class CommentJob:
+    config: Config
+    runtime: Runtime
+    dataset: Dataset
+    model_dir: Path
+    tokenizer: object
+    model: torch.nn.Module  # the PEFT causal LM being trained
+    lora: LoraReport
+    run: Path
+    resumed: bool
+    log: object
+    template: str
+    words: list[str]  # the label word of each label id
+
+    def scorer(self) -> LabelScorer:
+        config = self.config
+        return LabelScorer(
+            self.model, self.tokenizer, self.template, self.words, config.max_length, config.eval_batch_size,
+            self.runtime,
+        )  # fmt: skip
+
+
+def train_label_and_comment(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> Path:
+    started = time.perf_counter()
+    job = _prepare(config, log, resume, held)
+    result = _fit(job)
+    logits = {name: _label_logprobs(job, getattr(job.dataset, name).texts) for name in ("validation", "test")}
+    test = job.dataset.test
+    decision, calibration = job.dataset.kind.fit_decision(
+        logits["validation"], job.dataset.validation.labels, logits["test"], test.labels
+    )
+    runs.InputFormat.of_run(job.config, decision).write(job.run / runs.ADAPTER / runs.CALIBRATION)
+    scored = evaluation(test.texts, test.labels, decision.probabilities(logits["test"]), job.dataset.id2label, decision)
+    comments = _test_comments(job, test, decision.chosen(decision.probabilities(logits["test"])), scored)
+    job.log("test:\n" + scored.metrics.text())
+    metrics = Metrics(
+        test=scored.metrics,
+        validation=ValidationSummary(result.best_validation_accuracy, result.best_step, job.config.select_by),
+        train=TrainSummary(
+            result.steps,
+            result.stopped_early,
+            result.seconds,
+            result.train_tokens,
+            result.tokens_per_second,
+            result.mfu,
+        ),  # fmt: skip
+        model=ModelSummary(
+            job.config.model,
+            str(job.model_dir),
+            job.model.config.hidden_size,
+            job.lora.total,
+            job.lora.trainable,
+            len(job.lora.matched),
+        ),  # fmt: skip
+        data=job.dataset.class_counts(),
+        wall_seconds=time.perf_counter() - started,
+        data_notes=job.dataset.notes,
+        calibration=calibration,
+        problem=job.config.problem,
+        comments=comments,
+    )
+    runs.write_record(job.run / runs.METRICS, metrics)
+    (job.run / runs.CHECKPOINT).unlink(missing_ok=True)
+    runs.remove_leftovers(job.run)
+    job.log(
+        f"done in {metrics.wall_seconds:.0f}s: test accuracy {scored.metrics.accuracy:.4f}, comments ROUGE-L "
+        f"{comments.rouge_l:.4f}, chrF {comments.chrf:.1f}, consistency {comments.consistency:.3f}; "
+        f"metrics in {job.run / runs.METRICS}"
+    )
+    return job.run
+
+
+# --- the phases -------------------------------------------------------------------------------------
+
+
+def _prepare(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> CommentJob:
+    """Every input checked before the run directory is made (or the interrupted run's own config read)."""
+    resume_dir = runs.check_resumable(resume) if resume else None
+    if resume_dir is not None:
+        held.enter_context(runs.hold(resume_dir))
+        runs.remove_leftovers(resume_dir)
+    config = runs.read_config(resume_dir) if resume_dir is not None else config
+    runtime = setup_runtime(config.device, config.precision, config.threads, config.deterministic)
+    preflight(config, runtime)
+    dataset = load_dataset(config)
+    log("data: class counts\n" + format_counts(dataset))
+    mapping = config.verbalizers or {}
+    words = [mapping.get(dataset.id2label[i], dataset.id2label[i]) for i in sorted(dataset.id2label)]
+    template = config.input_template or DEFAULT_TEMPLATE
+    model_dir = resolve_model_dir(config.model, log)
+    tokenizer = load_tokenizer(model_dir, log)
+    torch.manual_seed(config.seed)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    except Exception as exc:
+        raise LoraclsError(f"model: cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None
+    model, lora = apply_causal_lora(
+        base, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log
+    )  # fmt: skip
+    model.to(runtime.device)
+    apply_speedups(model, runtime, False, False)
+    log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
+    run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset, held)
+    log(f"run directory: {run}")
+    return CommentJob(
+        config, runtime, dataset, model_dir, tokenizer, model, lora, run, resume_dir is not None, log, template, words
+    )  # fmt: skip
+
+
+def _new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib.ExitStack) -> Path:
+    run = runs.new_run_dir(config.output_dir, config.run_name)
+    held.enter_context(runs.hold(run))
+    runs.write_config(run, config)
+    runs.write_record(run / runs.ENV, environment_record(runtime))
+    runs.write_labels(run, dataset.id2label)
+    return run
+
+
+def _train_set(job: CommentJob) -> TrainSet:
+    """Prompt + label word + separator + comment (at most max_comment_tokens) + EOS per training text."""
+    scorer, tokenizer, config, split = job.scorer(), job.tokenizer, job.config, job.dataset.train
+    separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+    comments = tokenizer(split.comments, add_special_tokens=False)["input_ids"]
+    ids, targets = [], []
+    for prompt, label, comment in zip(scorer._prompt_ids(split.texts), split.labels, comments):
+        sequence, target = training_sequence(
+            prompt, scorer.verbalizer_ids[label], separator, comment[: config.max_comment_tokens],
+            tokenizer.eos_token_id, config.label_token_weight,
+        )  # fmt: skip
+        ids.append(sequence)
+        targets.append(target)
+    return TrainSet(ids, targets, len(job.dataset.id2label), tokenizer.pad_token_id, job.dataset.kind)
+
+
+def _fit(job: CommentJob) -> TrainResult:
+    split, dataset = job.dataset.validation, job.dataset
+    decision = Decision(job.config.problem)
+
+    def validate(model) -> Evaluation:
+        probs = decision.probabilities(_label_logprobs(job, split.texts))
+        return evaluation(split.texts, split.labels, probs, dataset.id2label, decision)
+
+    trainer = Trainer(
+        job.model, _train_set(job), validate, job.config, job.runtime, job.run, RunLogger(job.run, job.log)
+    )
+    if job.resumed:
+        trainer.load_checkpoint()
+    job.log(describe(trainer.plan, len(dataset.train), job.config, None, trainer.opt.scaler.is_enabled()))
+    result = trainer.fit()
+    job.log(
+        f"train: {result.steps} steps in {result.seconds:.0f}s; best validation accuracy "
+        f"{result.best_validation_accuracy:.4f} at step {result.best_step}"
+    )
+    return result
+
+
+def _label_logprobs(job: CommentJob, texts: list[str]) -> np.ndarray:
+    """log p(label word | prompt) per text and label, with the model in eval mode (no dropout)."""
+    was_training = job.model.training
+    job.model.eval()
+    try:
+        return job.scorer().label_logprobs(texts)
+    finally:
+        job.model.train(was_training)
+
+
+def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation) -> CommentMetrics:
+    """Generate each test text's comment after its chosen label; score it against the reference; write the
+    rows (the prediction row, the comment, the reference)."""
+    scorer, tokenizer = job.scorer(), job.tokenizer
+    separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+    prompts = [
+        prompt + scorer.verbalizer_ids[int(label)] + separator
+        for prompt, label in zip(scorer._prompt_ids(test.texts), chosen)
+    ]
+    started = time.perf_counter()
+    generated = generate(
+        job.model, tokenizer, prompts, job.config.max_comment_tokens, job.config.eval_batch_size, job.runtime
+    )
+    seconds = time.perf_counter() - started
+    rouge_l, chrf = comment_scores(generated.texts, test.comments)
+    read_back = _label_logprobs(job, generated.texts).argmax(axis=1)
+    rows = [
+        {**row.to_json(), "comment": comment, "reference_comment": reference}
+        for row, comment, reference in zip(scored.rows, generated.texts, test.comments)
+    ]
+    files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl", rows)
+    return CommentMetrics(
+        examples=len(prompts),
+        rouge_l=rouge_l,
+        chrf=chrf,
+        consistency=float((read_back == chosen).mean()) if len(chosen) else 0.0,
+        mean_tokens=float(np.mean(generated.tokens)) if generated.tokens else 0.0,
+        tokens_per_second=sum(generated.tokens) / max(seconds, 1e-9),
+    )
