@@ -198,3 +198,12 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert (run / "adapter" / "adapter_model.safetensors").exists() and not (run / "checkpoint.pt").exists()
     saved = json.loads((run / "adapter" / "loracls_calibration.json").read_text())
     assert saved["decision"]["problem"] == "label_and_comment" and saved["decision"]["temperature"] > 0
+    # predict from the run: the same label probabilities as the test split's, and a comment after the label
+    capsys.readouterr()
+    assert main(["predict", str(run), "--text", rows[0]["text"], "--text", rows[1]["text"]]) == 0
+    predicted = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row, again in zip(rows, predicted):
+        assert again["prediction"] == row["prediction"] and again["comment"] == row["comment"]
+        assert again["probabilities"] == pytest.approx(row["probabilities"], abs=1e-5)
+    assert main(["evaluate", str(run)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["accuracy"] == metrics["test"]["accuracy"]

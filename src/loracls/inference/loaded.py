@@ -8,7 +8,7 @@ from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 from loracls.inference.engine import Classifier
 from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
-from loracls.problems import evaluation, prediction_rows
+from loracls.problems import evaluation, prediction_rows, problem_for
 
 
 def evaluate(
@@ -21,7 +21,12 @@ def evaluate(
 ) -> ClassificationMetrics | MultiLabelMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
-    classifier = Classifier(run_path, log, batch_size, device, precision)
+    if problem_for(config.problem).generative:  # label_and_comment: labels scored by the causal LM
+        from loracls.inference.commenter import Commenter
+
+        classifier = Commenter(run_path, log, batch_size, device)
+    else:
+        classifier = Classifier(run_path, log, batch_size, device, precision)
     if data is None:
         split = load_dataset(config).test
     else:
@@ -45,6 +50,10 @@ def predict(
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
+    if problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative:
+        from loracls.inference.commenter import Commenter
+
+        return Commenter(run_path, log, batch_size, device).predict(texts)
     classifier = Classifier(run_path, log, batch_size, device, precision)
     probs = classifier.probabilities(texts, progress=True)
     return [row.to_json() for row in prediction_rows(texts, None, probs, classifier.id2label, classifier.decision)]

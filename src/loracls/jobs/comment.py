@@ -34,7 +34,7 @@ from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import apply_speedups
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import Decision, Evaluation, evaluation, training_sequence
-from loracls.problems.label_and_comment import COMMENT_SEPARATOR, DEFAULT_TEMPLATE
+from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, prompt_template
 from loracls.runs import CommentMetrics, Metrics, ModelSummary, TrainSummary, ValidationSummary
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult, TrainSet
@@ -128,9 +128,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    mapping = config.verbalizers or {}
-    words = [mapping.get(dataset.id2label[i], dataset.id2label[i]) for i in sorted(dataset.id2label)]
-    template = config.input_template or DEFAULT_TEMPLATE
+    words, template = label_words(config.verbalizers, dataset.id2label), prompt_template(config.input_template)
     model_dir = resolve_model_dir(config.model, log)
     tokenizer = load_tokenizer(model_dir, log)
     torch.manual_seed(config.seed)
@@ -213,10 +211,7 @@ def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Eva
     rows (the prediction row, the comment, the reference)."""
     scorer, tokenizer = job.scorer(), job.tokenizer
     separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-    prompts = [
-        prompt + scorer.verbalizer_ids[int(label)] + separator
-        for prompt, label in zip(scorer._prompt_ids(test.texts), chosen)
-    ]
+    prompts = scorer.answer_prompts(test.texts, chosen, separator)
     started = time.perf_counter()
     generated = generate(
         job.model, tokenizer, prompts, job.config.max_comment_tokens, job.config.eval_batch_size, job.runtime

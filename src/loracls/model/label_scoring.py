@@ -80,6 +80,11 @@ class LabelScorer:
         target = torch.tensor(ids[1:], device=device).expand(rows, -1).unsqueeze(-1)
         return logprobs.gather(-1, target).squeeze(-1).sum(-1)
 
+    def answer_prompts(self, texts: list[str], chosen, separator: list[int]) -> list[list[int]]:
+        """Each text's prompt followed by its chosen label's word and the separator: where a comment starts."""
+        prompts = self._prompt_ids(texts)
+        return [prompt + self.verbalizer_ids[int(label)] + separator for prompt, label in zip(prompts, chosen)]
+
     def label_logprobs(self, texts: list[str], progress: bool = False) -> np.ndarray:
         prompts = self._prompt_ids(texts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))

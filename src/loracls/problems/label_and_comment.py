@@ -23,6 +23,15 @@ COMMENT_SEPARATOR = "\n"  # between the label word and the comment
 DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
 
 
+def label_words(verbalizers: dict[str, str] | None, id2label: dict[int, str]) -> list[str]:
+    """The word trained and scored for each label id: its verbalizer, else the label name."""
+    return [(verbalizers or {}).get(id2label[i], id2label[i]) for i in sorted(id2label)]
+
+
+def prompt_template(input_template: str | None) -> str:
+    return input_template or DEFAULT_TEMPLATE
+
+
 @dataclass
 class SequenceTargets:
     """One training sequence's targets, aligned with its token ids: the token each position must be (IGNORE_INDEX
