@@ -180,7 +180,7 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
 
     path = tmp_path / "d.csv"
     _frame(400).to_csv(path, index=False)
-    extra = dict(problem="label_and_comment", comment_column="why", max_comment_tokens=4, epochs=4, baseline=False)
+    extra = dict(problem="label_and_comment", comment_column="why", max_comment_tokens=4, epochs=4)
     extra["verbalizers"] = {"neg": "bad", "pos": "good"}  # words the tiny vocabulary has
     extra["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     extra.update(r=8, lora_alpha=16, learning_rate=2e-2)  # a random tiny LM learns its frozen vocabulary slowly
@@ -192,6 +192,8 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert comments["examples"] == 40 and comments["mean_tokens"] <= 4
     assert 0 <= comments["rouge_l"] <= 1 and 0 <= comments["chrf"] <= 100 and 0 <= comments["consistency"] <= 1
     assert metrics["test"]["accuracy"] > 0.5  # the label words are learnable in a few steps
+    assert 0 <= comments["zero_shot_accuracy"] <= 1 and 0 <= comments["zero_shot_rouge_l"] <= 1  # untrained
+    assert comments["rouge_l"] > comments["zero_shot_rouge_l"]  # the trained comments are the references' kind
     rows = read_jsonl(run / "predictions" / "test.jsonl")
     assert {"text", "label", "prediction", "probabilities", "comment", "reference_comment"} <= set(rows[0])
     assert all(row["prediction"] in ("neg", "pos") for row in rows)  # scored, never sampled: always a label

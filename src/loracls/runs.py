@@ -166,7 +166,8 @@ class CommentMetrics:
     consistency: float  # share of comments that the run's label scorer, reading the comment alone, gives the label
     mean_tokens: float
     tokens_per_second: float  # generation, batched, on this machine
-    zero_shot_rouge_l: float | None = None  # the base model's comments after the same prompt and label
+    zero_shot_accuracy: float | None = None  # the same prompt, untrained: its label words scored
+    zero_shot_rouge_l: float | None = None  # the base model's comments after the same prompt and its label
 
 
 @dataclass

@@ -67,6 +67,7 @@ class CommentJob:
 def train_label_and_comment(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> Path:
     started = time.perf_counter()
     job = _prepare(config, log, resume, held)
+    zero_shot = _zero_shot(job) if job.config.baseline and not job.resumed else None
     result = _fit(job)
     logits = {name: _label_logprobs(job, getattr(job.dataset, name).texts) for name in ("validation", "test")}
     test = job.dataset.test
@@ -74,10 +75,27 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
         logits["validation"], job.dataset.validation.labels, logits["test"], test.labels
     )
     runs.InputFormat.of_run(job.config, decision).write(job.run / runs.ADAPTER / runs.CALIBRATION)
-    scored = evaluation(test.texts, test.labels, decision.probabilities(logits["test"]), job.dataset.id2label, decision)
-    comments = _test_comments(job, test, decision.chosen(decision.probabilities(logits["test"])), scored)
+    probs = decision.probabilities(logits["test"])
+    scored = evaluation(test.texts, test.labels, probs, job.dataset.id2label, decision)
+    comments = _test_comments(job, test, decision.chosen(probs), scored)
+    if zero_shot is not None:
+        comments.zero_shot_accuracy, comments.zero_shot_rouge_l = zero_shot
     job.log("test:\n" + scored.metrics.text())
-    metrics = Metrics(
+    metrics = _metrics(job, result, scored, calibration, comments, time.perf_counter() - started)
+    runs.write_record(job.run / runs.METRICS, metrics)
+    (job.run / runs.CHECKPOINT).unlink(missing_ok=True)
+    runs.remove_leftovers(job.run)
+    job.log(
+        f"done in {metrics.wall_seconds:.0f}s: test accuracy {scored.metrics.accuracy:.4f}, comments ROUGE-L "
+        f"{comments.rouge_l:.4f}, chrF {comments.chrf:.1f}, consistency {comments.consistency:.3f}"
+        + (f" (zero-shot: accuracy {zero_shot[0]:.4f}, ROUGE-L {zero_shot[1]:.4f})" if zero_shot else "")
+        + f"; metrics in {job.run / runs.METRICS}"
+    )
+    return job.run
+
+
+def _metrics(job: CommentJob, result: TrainResult, scored: Evaluation, calibration, comments, seconds) -> Metrics:
+    return Metrics(
         test=scored.metrics,
         validation=ValidationSummary(result.best_validation_accuracy, result.best_step, job.config.select_by),
         train=TrainSummary(
@@ -97,21 +115,12 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
             len(job.lora.matched),
         ),  # fmt: skip
         data=job.dataset.class_counts(),
-        wall_seconds=time.perf_counter() - started,
+        wall_seconds=seconds,
         data_notes=job.dataset.notes,
         calibration=calibration,
         problem=job.config.problem,
         comments=comments,
     )
-    runs.write_record(job.run / runs.METRICS, metrics)
-    (job.run / runs.CHECKPOINT).unlink(missing_ok=True)
-    runs.remove_leftovers(job.run)
-    job.log(
-        f"done in {metrics.wall_seconds:.0f}s: test accuracy {scored.metrics.accuracy:.4f}, comments ROUGE-L "
-        f"{comments.rouge_l:.4f}, chrF {comments.chrf:.1f}, consistency {comments.consistency:.3f}; "
-        f"metrics in {job.run / runs.METRICS}"
-    )
-    return job.run
 
 
 # --- the phases -------------------------------------------------------------------------------------
@@ -204,6 +213,24 @@ def _label_logprobs(job: CommentJob, texts: list[str]) -> np.ndarray:
         return job.scorer().label_logprobs(texts)
     finally:
         job.model.train(was_training)
+
+
+def _zero_shot(job: CommentJob) -> tuple[float, float]:
+    """The same prompt with no training (the adapter disabled, before its first step): (test accuracy of the
+    label words scored, ROUGE-L of the comments the base model writes after its chosen label)."""
+    test, tokenizer = job.dataset.test, job.tokenizer
+    with job.model.disable_adapter():
+        chosen = _label_logprobs(job, test.texts).argmax(axis=1)
+        separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+        prompts = job.scorer().answer_prompts(test.texts, chosen, separator)
+        config = job.config
+        written = generate(
+            job.model, tokenizer, prompts, config.max_comment_tokens, config.eval_batch_size, job.runtime
+        )
+    accuracy = float((chosen == np.asarray(test.labels)).mean())
+    rouge_l, _ = comment_scores(written.texts, test.comments)
+    job.log(f"baseline (zero-shot, the same prompt untrained): accuracy {accuracy:.4f}, comments ROUGE-L {rouge_l:.4f}")
+    return accuracy, rouge_l
 
 
 def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation) -> CommentMetrics:
