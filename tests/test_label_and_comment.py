@@ -209,3 +209,6 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
         assert again["probabilities"] == pytest.approx(row["probabilities"], abs=1e-5)
     assert main(["evaluate", str(run)]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["accuracy"] == metrics["test"]["accuracy"]
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert "Comments (test split)" in page and page.count("<tr>") >= 20 and rows[0]["reference_comment"] in page

@@ -232,6 +232,37 @@ def write_report(run_path: str) -> Path:
     return run / REPORT
 
 
+COMMENT_EXAMPLES = 20
+
+
+def _comments_section(comments: runs.CommentMetrics | None, test_rows: list) -> list[str]:
+    """label_and_comment: the comment scores, and the first test examples with their generated comment."""
+    if comments is None:
+        return []
+    scores = [
+        ["ROUGE-L (mean F1)", comments.rouge_l, comments.zero_shot_rouge_l],
+        ["chrF", comments.chrf, None],
+        ["consistency (the comment alone gives the label)", comments.consistency, None],
+        ["label accuracy", None, comments.zero_shot_accuracy],
+        ["mean comment tokens", comments.mean_tokens, None],
+        ["generation tokens/s", comments.tokens_per_second, None],
+    ]
+    rows = [r for r in test_rows if _prediction_row(r) and isinstance(r.get("comment"), str)][:COMMENT_EXAMPLES]
+    examples = [
+        [r["text"], _shown(r.get("label", "")), _shown(r["prediction"]), _fmt(max(r["probabilities"].values())),
+         r["comment"], str(r.get("reference_comment", ""))]
+        for r in rows
+    ]  # fmt: skip
+    return [
+        "<h2>Comments (test split)</h2>",
+        _table(
+            ["", "trained", "zero-shot (same prompt)"],
+            [[k, *("-" if v is None else _fmt(v) for v in (a, b))] for k, a, b in scores],
+        ),
+        _table(["text", "true", "predicted", "probability", "generated comment", "reference"], examples),
+    ]
+
+
 def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
     kind = problem_for(metrics.test.problem)
     thresholds = kind.thresholds(metrics.test)  # per label, where the problem type tunes them
@@ -279,6 +310,7 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
         ),
         '<img src="confusion.png" alt="confusion matrix">' if hasattr(metrics.test, "confusion_matrix") else "",
         *_calibration_section(metrics.calibration),
+        *_comments_section(metrics.comments, test_rows),
         "<h2>Most confident mistakes</h2>",
         _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])
         if mistakes
