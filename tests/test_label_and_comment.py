@@ -198,6 +198,10 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert {"text", "label", "prediction", "probabilities", "comment", "reference_comment"} <= set(rows[0])
     assert all(row["prediction"] in ("neg", "pos") for row in rows)  # scored, never sampled: always a label
     assert (run / "adapter" / "adapter_model.safetensors").exists() and not (run / "checkpoint.pt").exists()
+    export = metrics["export"]  # the merged causal LM, checked against the adapter
+    assert export["predictions_equal"] and export["comments_equal"] >= 0.9 and (run / "merged" / "config.json").exists()
+    merged_format = json.loads((run / "merged" / "loracls_input.json").read_text())
+    assert merged_format == json.loads((run / "adapter" / "loracls_calibration.json").read_text())
     saved = json.loads((run / "adapter" / "loracls_calibration.json").read_text())
     assert saved["decision"]["problem"] == "label_and_comment" and saved["decision"]["temperature"] > 0
     # predict from the run: the same label probabilities as the test split's, and a comment after the label

@@ -154,6 +154,7 @@ class ExportCheck:
     file: str | None = None
     texts_per_second: float | None = None  # the export's, on the test split
     reference_texts_per_second: float | None = None  # what it was checked against (PyTorch), same texts
+    comments_equal: float | None = None  # label_and_comment: share of greedy comments equal to the adapter's
 
 
 @dataclass

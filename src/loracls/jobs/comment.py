@@ -25,6 +25,7 @@ from loracls.config import Config
 from loracls.data.splits import Dataset, Split, format_counts, load_dataset
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
+from loracls.inference.export import compare_predictions
 from loracls.jobs.preflight import preflight
 from loracls.metrics import comment_scores
 from loracls.model.generation import generate
@@ -35,7 +36,7 @@ from loracls.model.speedups import apply_speedups
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import Decision, Evaluation, evaluation, training_sequence
 from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, prompt_template
-from loracls.runs import CommentMetrics, Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.runs import CommentMetrics, ExportCheck, Metrics, ModelSummary, TrainSummary, ValidationSummary
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult, TrainSet
 from loracls.training.plan import describe
@@ -77,11 +78,13 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
     runs.InputFormat.of_run(job.config, decision).write(job.run / runs.ADAPTER / runs.CALIBRATION)
     probs = decision.probabilities(logits["test"])
     scored = evaluation(test.texts, test.labels, probs, job.dataset.id2label, decision)
-    comments = _test_comments(job, test, decision.chosen(probs), scored)
+    comments, written = _test_comments(job, test, decision.chosen(probs), scored)
+    export = _export(job, decision, probs, written) if job.config.merge else None
     if zero_shot is not None:
         comments.zero_shot_accuracy, comments.zero_shot_rouge_l = zero_shot
     job.log("test:\n" + scored.metrics.text())
     metrics = _metrics(job, result, scored, calibration, comments, time.perf_counter() - started)
+    metrics.export = export
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)
     runs.remove_leftovers(job.run)
@@ -233,7 +236,9 @@ def _zero_shot(job: CommentJob) -> tuple[float, float]:
     return accuracy, rouge_l
 
 
-def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation) -> CommentMetrics:
+def _test_comments(
+    job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation
+) -> tuple[CommentMetrics, list[str]]:
     """Generate each test text's comment after its chosen label; score it against the reference; write the
     rows (the prediction row, the comment, the reference)."""
     scorer, tokenizer = job.scorer(), job.tokenizer
@@ -251,7 +256,7 @@ def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Eva
         for row, comment, reference in zip(scored.rows, generated.texts, test.comments)
     ]
     files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl", rows)
-    return CommentMetrics(
+    record = CommentMetrics(
         examples=len(prompts),
         rouge_l=rouge_l,
         chrf=chrf,
@@ -259,3 +264,37 @@ def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Eva
         mean_tokens=float(np.mean(generated.tokens)) if generated.tokens else 0.0,
         tokens_per_second=sum(generated.tokens) / max(seconds, 1e-9),
     )
+    return record, generated.texts
+
+
+def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adapter_comments: list[str]) -> ExportCheck:
+    """merge_and_unload -> run/merged (the causal LM, its tokenizer and loracls_input.json), checked against the
+    adapter on the test split: the same labels (beyond ties) and the share of equal greedy comments."""
+    test, config = job.dataset.test, job.config
+    merged = job.model.merge_and_unload()
+
+    def fill(staging: Path) -> None:
+        merged.save_pretrained(staging)
+        job.tokenizer.save_pretrained(staging)
+        runs.InputFormat.of_run(config, decision).write(staging / runs.INPUT_FORMAT)
+
+    files.replace_dir(job.run / runs.MERGED, fill, "the merged model")
+    standalone = AutoModelForCausalLM.from_pretrained(str(job.run / runs.MERGED), dtype=torch.float32)
+    job.model = standalone.to(job.runtime.device).eval()
+    merged_probs = decision.probabilities(_label_logprobs(job, test.texts))
+    check = compare_predictions(adapter_probs, merged_probs, "fp32", decision)
+    separator = job.tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+    prompts = job.scorer().answer_prompts(test.texts, decision.chosen(adapter_probs), separator)
+    again = generate(job.model, job.tokenizer, prompts, config.max_comment_tokens, config.eval_batch_size, job.runtime)
+    check.comments_equal = float(np.mean([a == b for a, b in zip(again.texts, adapter_comments)])) if prompts else 1.0
+    if not check.predictions_equal:
+        raise LoraclsError(
+            f"the merged model disagrees with the adapter on {check.disagreements_beyond_ties} of {check.examples} "
+            f"test labels; {job.run / runs.MERGED} is not a faithful export"
+        )
+    job.log(
+        f"export: merged causal LM in {job.run / runs.MERGED}; test labels equal the adapter's (max probability "
+        f"difference {check.max_probability_difference:.2e}), {100 * check.comments_equal:.0f}% of greedy comments "
+        f"equal"
+    )
+    return check
