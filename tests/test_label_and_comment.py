@@ -11,6 +11,7 @@ from conftest import make_tokenizer, synthetic_frame
 from loracls.config import load_config
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
+from loracls.files import read_jsonl
 from loracls.hardware import Runtime
 from loracls.model.generation import generate
 from loracls.model.label_scoring import LabelScorer
@@ -176,7 +177,6 @@ def test_list_cells_from_jsonl_are_refused(tmp_path):
 def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_path, capsys):
     from conftest import tiny_overrides
     from loracls.cli import main
-    from loracls.files import read_jsonl
 
     path = tmp_path / "d.csv"
     _frame(400).to_csv(path, index=False)
@@ -216,3 +216,20 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     assert "Comments (test split)" in page and page.count("<tr>") >= 20 and rows[0]["reference_comment"] in page
+
+
+@pytest.mark.slow
+def test_a_killed_label_and_comment_run_resumes_to_the_same_result(gemma3_dir, tmp_path):
+    from test_sweep_resume_scale import straight_and_resumed
+
+    path = tmp_path / "d.csv"
+    _frame(400).to_csv(path, index=False)
+    common = dict(problem="label_and_comment", comment_column="why", max_comment_tokens=4, epochs=4, eval_every=5)
+    common.update(train_size=120, validation_size=40, test_size=40, baseline=False, merge=False, threads=1)
+    common.update(verbalizers={"neg": "bad", "pos": "good"}, lora_dropout=0.1, learning_rate=2e-2)
+    straight, killed = straight_and_resumed(gemma3_dir, path, tmp_path, **common)
+    a, b = (json.loads((run / "metrics.json").read_text())["comments"] for run in (straight, killed))
+    for key in ("rouge_l", "chrf", "consistency", "mean_tokens"):
+        assert a[key] == b[key], key
+    rows = [[row["comment"] for row in read_jsonl(run / "predictions" / "test.jsonl")] for run in (straight, killed)]
+    assert rows[0] == rows[1]
