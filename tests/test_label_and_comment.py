@@ -213,9 +213,24 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
         assert again["probabilities"] == pytest.approx(row["probabilities"], abs=1e-5)
     assert main(["evaluate", str(run)]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["accuracy"] == metrics["test"]["accuracy"]
+    _served_comments_are_predicts(run, rows[:2], predicted)
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     assert "Comments (test split)" in page and page.count("<tr>") >= 20 and rows[0]["reference_comment"] in page
+
+
+def _served_comments_are_predicts(run, rows, predicted):
+    """`serve`'s /classify (in-process) gives each text the label and comment `predict` gave, and /info says
+    the problem type."""
+    from loracls.inference.commenter import Commenter
+    from test_serve_contract import ask
+
+    requests = [("POST", "/classify", {"input": [row["text"] for row in rows]}), ("GET", "/info", None)]
+    classify, info = ask(Commenter(str(run), lambda *a: None), requests)
+    assert classify.status_code == 200 and info.json()["problem"] == "label_and_comment"
+    for item, again in zip(classify.json()["data"], predicted):
+        assert item["label"] == again["prediction"] and item["comment"] == again["comment"]
+        assert item["probs"] == pytest.approx(list(again["probabilities"].values()), abs=1e-5)
 
 
 @pytest.mark.slow

@@ -70,10 +70,17 @@ def cmd_predict(args) -> None:
 
 
 def cmd_serve(args) -> None:
+    from loracls import runs
     from loracls.inference.engine import Classifier
     from loracls.inference.server import serve
+    from loracls.problems import problem_for
 
-    classifier = Classifier(args.run, log, args.max_batch_size, args.device, args.precision)
+    if problem_for(runs.read_config(runs.check_run_dir(args.run)).problem).generative:
+        from loracls.inference.commenter import Commenter  # label_and_comment: labels scored, comments written
+
+        classifier = Commenter(args.run, log, args.max_batch_size, args.device)
+    else:
+        classifier = Classifier(args.run, log, args.max_batch_size, args.device, args.precision)
     serve(
         classifier,
         args.host,

@@ -9,6 +9,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from loracls import runs
+from loracls.data.batching import Encoded
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.model.generation import generate
@@ -20,10 +21,19 @@ from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, p
 
 
 class Commenter:
+    """The server's classifier interface too (`encode`, `logits`, `calibrated`, `/info`'s fields), plus
+    `comments`: `serve` answers /classify with each text's comment."""
+
+    writes_comments = True
+    long_text = "truncate"
+    precision = "float32"
+
     def __init__(self, run_path: str, log=print, batch_size: int | None = None, device: str | None = None):
         run = runs.check_run_dir(run_path)
         config = runs.read_config(run)
         self.id2label, self.decision = runs.read_labels(run), runs.read_decision(run)
+        self.labels = [self.id2label[i] for i in range(len(self.id2label))]
+        self.name, self.max_length, self.input_template = run.name, config.max_length, config.input_template
         self.runtime = setup_runtime(device or config.device, "fp32", config.threads)
         self.batch_size, self.max_comment_tokens = batch_size or config.eval_batch_size, config.max_comment_tokens
         model_dir = resolve_model_dir(config.model, log)
@@ -31,6 +41,7 @@ class Commenter:
         try:
             base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
             self.model = PeftModel.from_pretrained(base, str(run / runs.ADAPTER)).to(self.runtime.device).eval()
+            self.source = f"{config.model} + {run / runs.ADAPTER}"
         except Exception as exc:
             raise LoraclsError(f"{run}: cannot load the adapter on {model_dir}: {first_line(exc, 200)}") from None
         self.scorer = LabelScorer(
@@ -41,11 +52,32 @@ class Commenter:
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
         return self.decision.probabilities(self.scorer.label_logprobs(texts, progress))
 
+    @property
+    def temperature(self) -> float:
+        return self.decision.temperature
+
+    def encode(self, texts: list[str]) -> Encoded:
+        """The prompts the label words are scored after (texts cut to max_length tokens inside them)."""
+        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        return Encoded(self.scorer._prompt_ids(texts), list(range(len(texts))), [n > self.max_length for n in lengths])
+
+    def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray:
+        """Each label word's log-probability after each prompt (the label "logits": softmax gives p(label))."""
+        return self.scorer.prompt_logprobs(ids)
+
+    def calibrated(self, logits: np.ndarray) -> np.ndarray:
+        return self.decision.probabilities(logits)
+
+    def comments(self, texts: list[str], chosen) -> list[str]:
+        """Each text's comment, generated (greedy, bounded) after its chosen label."""
+        separator = self.tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+        prompts = self.scorer.answer_prompts(texts, chosen, separator)
+        bound, batch = self.max_comment_tokens, self.batch_size
+        return generate(self.model, self.tokenizer, prompts, bound, batch, self.runtime).texts
+
     def predict(self, texts: list[str]) -> list[dict]:
         """Prediction rows (`text`, `prediction`, `probabilities`) with each text's `comment`."""
         probs = self.probabilities(texts)
-        separator = self.tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-        prompts = self.scorer.answer_prompts(texts, self.decision.chosen(probs), separator)
-        comments = generate(self.model, self.tokenizer, prompts, self.max_comment_tokens, self.batch_size, self.runtime)
+        comments = self.comments(texts, self.decision.chosen(probs))
         rows = prediction_rows(texts, None, probs, self.id2label, self.decision)
-        return [{**row.to_json(), "comment": comment} for row, comment in zip(rows, comments.texts)]
+        return [{**row.to_json(), "comment": comment} for row, comment in zip(rows, comments)]

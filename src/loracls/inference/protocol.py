@@ -80,6 +80,7 @@ class ClassifyItem(BaseModel):
     probs: list[float] = Field(description="calibrated probabilities in label order (multi_label: per-label sigmoids)")
     num_classes: int
     labels: list[str] | None = Field(None, description="multi_label only: every label at or above its threshold")
+    comment: str | None = Field(None, description="label_and_comment only: the comment written after the label")
 
 
 class Usage(BaseModel):

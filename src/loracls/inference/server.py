@@ -16,6 +16,7 @@ error is TEI's `{"error", "error_type"}` and the server keeps serving; the statu
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 import time
@@ -205,14 +206,20 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
             return error(
                 404, "NotFound", f"The model `{body.model}` does not exist; this server serves `{classifier.name}`"
             )
-        encoded = classifier.encode(_texts(app, body.input))
+        texts = _texts(app, body.input)
+        encoded = classifier.encode(texts)
         probs = classifier.calibrated(await _logits(batcher, encoded, metrics))
+        items = [_classified(classifier, i, row) for i, row in enumerate(probs)]
+        if getattr(classifier, "writes_comments", False):  # label_and_comment: generated after the label
+            chosen = classifier.decision.chosen(probs)
+            comments = await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
+            items = [item | {"comment": comment} for item, comment in zip(items, comments)]
         return {
             "id": f"classify-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
             "model": classifier.name,
-            "data": [_classified(classifier, i, row) for i, row in enumerate(probs)],
+            "data": items,
             "usage": _usage(classifier, encoded),
         }
 

@@ -86,7 +86,10 @@ class LabelScorer:
         return [prompt + self.verbalizer_ids[int(label)] + separator for prompt, label in zip(prompts, chosen)]
 
     def label_logprobs(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        prompts = self._prompt_ids(texts)
+        return self.prompt_logprobs(self._prompt_ids(texts), progress)
+
+    def prompt_logprobs(self, prompts: list[list[int]], progress: bool = False) -> np.ndarray:
+        """log p(verbalizer | prompt) for prompts already tokenized, in length-sorted batches."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         scores = np.zeros((len(prompts), len(self.verbalizer_ids)))
         bar = tqdm(
