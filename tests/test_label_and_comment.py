@@ -163,6 +163,19 @@ def test_bad_label_and_comment_input_is_one_line(tmp_path, change, extra, messag
         load_dataset(_config(path, *extra))
 
 
+def test_label_and_comment_under_torchrun_is_refused_in_one_line(gemma3_dir, tmp_path, monkeypatch, capsys):
+    from conftest import tiny_overrides
+    from loracls.cli import main
+
+    path = tmp_path / "d.csv"
+    _frame(100).to_csv(path, index=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = tiny_overrides(gemma3_dir, path, tmp_path, problem="label_and_comment", comment_column="why")
+    assert main(["train", *args]) == 2
+    assert "label_and_comment trains in one process" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_list_cells_from_jsonl_are_refused(tmp_path):
     rows = [{"text": f"t {i}", "label": ["pos"] if i == 3 else "pos", "why": "w"} for i in range(40)]
     path = tmp_path / "d.jsonl"

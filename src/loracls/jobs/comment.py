@@ -12,6 +12,7 @@ consistency the run's own label scorer reads each comment alone.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,8 @@ def _metrics(job: CommentJob, result: TrainResult, scored: Evaluation, calibrati
 
 def _prepare(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> CommentJob:
     """Every input checked before the run directory is made (or the interrupted run's own config read)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise LoraclsError("label_and_comment trains in one process for now: run it without torchrun")
     resume_dir = runs.check_resumable(resume) if resume else None
     if resume_dir is not None:
         held.enter_context(runs.hold(resume_dir))
