@@ -11,7 +11,7 @@ def test_defaults_are_the_embedded_default_job():
     assert config.target_modules == ["q_proj", "v_proj"]
     assert (config.batch_size, config.gradient_accumulation, config.epochs, config.warmup_steps) == (16, 2, 3, 100)
     assert (config.learning_rate, config.weight_decay, config.max_grad_norm, config.max_length) == (
-        2e-4,
+        1e-3,
         0.01,
         1.0,
         256,
@@ -140,7 +140,7 @@ def test_help_config_and_the_docs_reference_are_the_fields_help(capsys):
 
     assert main(["train", "--help-config"]) == 0
     printed = capsys.readouterr().out
-    assert printed == config_help() and "| `learning_rate` | float (> 0.0 and <= 10.0) | `0.0002` |" in printed
+    assert printed == config_help() and "| `learning_rate` | float (> 0.0 and <= 10.0) | `0.001` |" in printed
     reference = (Path(__file__).parents[1] / "docs" / "config-reference.md").read_text()
     assert reference.endswith(config_help()), "regenerate: python3 -m loracls train --help-config"
 

@@ -75,7 +75,8 @@ def cmd_serve(args) -> None:
     from loracls.inference.server import serve
     from loracls.problems import problem_for
 
-    if problem_for(runs.read_config(runs.check_run_dir(args.run)).problem).generative:
+    run_config = Path(args.run) / runs.CONFIG  # serve also takes a merged model directory
+    if run_config.is_file() and problem_for(runs.read_config(Path(args.run)).problem).generative:
         from loracls.inference.commenter import Commenter  # label_and_comment: labels scored, comments written
 
         classifier = Commenter(args.run, log, args.max_batch_size, args.device)

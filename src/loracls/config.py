@@ -92,7 +92,9 @@ class Config:
         lambda: ["q_proj", "v_proj"], "module-name suffixes (PEFT's) or regexes over full names; see `modules`"
     )
     # --- optimisation ---
-    learning_rate: float = _help(2e-4, "AdamW's peak learning rate", gt=0.0, le=10.0)
+    learning_rate: float = _help(
+        1e-3, "AdamW's peak learning rate (1e-3: chosen on validation over 3 sets, docs/benchmarks.md)", gt=0.0, le=10.0
+    )
     weight_decay: float = _help(0.01, "AdamW's weight decay", ge=0.0)
     batch_size: int = _help(16, "examples a micro-batch on GPU (a step is batch_size x gradient_accumulation)", ge=1)
     gradient_accumulation: int = _help(2, "micro-batches an optimizer step", ge=1)
