@@ -238,9 +238,17 @@ def _served_comments_are_predicts(run, rows, predicted):
     from loracls.inference.commenter import Commenter
     from test_serve_contract import ask
 
-    requests = [("POST", "/classify", {"input": [row["text"] for row in rows]}), ("GET", "/info", None)]
-    classify, info = ask(Commenter(str(run), lambda *a: None), requests)
+    texts = [row["text"] for row in rows]
+    requests = [
+        ("POST", "/classify", {"input": texts}),
+        ("GET", "/info", None),
+        ("POST", "/generate", {"inputs": texts}),
+    ]
+    classify, info, generated = ask(Commenter(str(run), lambda *a: None), requests)
     assert classify.status_code == 200 and info.json()["problem"] == "label_and_comment"
+    assert generated.status_code == 200
+    for item, again in zip(generated.json(), predicted):
+        assert item["label"] == again["prediction"] and item["comment"] == again["comment"]
     for item, again in zip(classify.json()["data"], predicted):
         assert item["label"] == again["prediction"] and item["comment"] == again["comment"]
         assert item["probs"] == pytest.approx(list(again["probabilities"].values()), abs=1e-5)

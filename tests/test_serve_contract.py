@@ -123,6 +123,7 @@ def test_classify_and_predict_shapes():
     "method, path, body, status, kind",
     [
         ("POST", "/classify", {"model": "other", "input": "good"}, 404, "NotFound"),
+        ("POST", "/generate", {"inputs": "good"}, 404, "NotFound"),  # a classifier writes no comments
         ("GET", "/nowhere", None, 404, "NotFound"),
         ("GET", "/classify", None, 405, "MethodNotAllowed"),
         ("POST", "/classify", b"{not json", 422, "Validation"),

@@ -74,6 +74,20 @@ class PredictRequest(BaseModel):
     _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
 
 
+class GenerateRequest(BaseModel):
+    """/generate (label_and_comment runs): texts in, label and comment out."""
+
+    inputs: TextOrTexts = Field(description="one text or a list of texts")
+
+    _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
+
+
+class Generated(BaseModel):
+    label: str = Field(description="the label scored most probable after the prompt (never sampled)")
+    probabilities: dict[str, float] = Field(description="calibrated probability of every label")
+    comment: str = Field(description="the comment generated after the label (greedy, at most max_comment_tokens)")
+
+
 class ClassifyItem(BaseModel):
     index: int
     label: str = Field(description="the most probable label")
@@ -148,4 +162,8 @@ def _documented(*codes: int) -> dict:
     return {code: {"model": ErrorResponse, "description": described[code]} for code in codes}
 
 
-ERRORS = {"classify": _documented(404, 413, 422, 429, 500), "predict": _documented(413, 422, 429, 500)}
+ERRORS = {
+    "classify": _documented(404, 413, 422, 429, 500),
+    "predict": _documented(413, 422, 429, 500),
+    "generate": _documented(404, 413, 422, 429, 500),
+}

@@ -36,6 +36,8 @@ from loracls.inference.protocol import (
     ERRORS,
     ClassifyRequest,
     ClassifyResponse,
+    Generated,
+    GenerateRequest,
     HealthResponse,
     InfoResponse,
     LabelScore,
@@ -242,6 +244,22 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
         ]
         usage = _usage(classifier, encoded)
         return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(usage["truncated_inputs"])})
+
+    @app.post("/generate", response_model=list[Generated], responses=ERRORS["generate"])
+    async def generate(body: GenerateRequest):
+        """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it."""
+        if not getattr(classifier, "writes_comments", False):
+            return error(
+                404, "NotFound", f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs"
+            )
+        texts = _texts(app, body.inputs)
+        probs = classifier.calibrated(await _logits(batcher, classifier.encode(texts), metrics))
+        chosen = classifier.decision.chosen(probs)
+        comments = await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
+        return [
+            {"label": labels[int(k)], "probabilities": dict(zip(labels, map(float, row))), "comment": comment}
+            for k, row, comment in zip(chosen, probs, comments)
+        ]
 
     @app.get("/health", response_model=HealthResponse)
     async def health():
