@@ -5,6 +5,7 @@ multi-label, chunks, a wrong model name, /openapi.json, and a bounded hypothesis
 import asyncio
 import json
 import threading
+import zlib
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,11 @@ from hypothesis import strategies as st
 from loracls.data.batching import Encoded
 from loracls.inference.server import create_app
 from loracls.problems import Decision
+
+
+def _word_id(word):
+    """A stable id per word ("good" is 2, never shared): str hash() changes per process and once made "bad" good."""
+    return 2 if word == "good" else 3 + zlib.crc32(word.encode()) % 90
 
 
 class FakeClassifier:
@@ -40,7 +46,7 @@ class FakeClassifier:
         long = [len(w) > self.max_length for w in words]
         if self.long_text != "chunks":
             return Encoded(
-                [[hash(x) % 97 for x in w[: self.max_length]] + [1] for w in words], list(range(len(texts))), long
+                [[_word_id(x) for x in w[: self.max_length]] + [1] for w in words], list(range(len(texts))), long
             )
         ids, owner = [], []
         for i, w in enumerate(words):
@@ -55,7 +61,7 @@ class FakeClassifier:
         self.batches.append(len(ids))
         if any(row[:1] == [-1] for row in ids):
             raise RuntimeError("the model failed")
-        good = np.array([sum(1 for x in row if x in (2, hash("good") % 97)) for row in ids], dtype=float)
+        good = np.array([sum(1 for x in row if x == 2) for row in ids], dtype=float)
         columns = [-good, good] if not self.multi_label else [good, -good, 0 * good]
         return np.stack(columns, axis=1)
 
