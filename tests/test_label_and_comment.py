@@ -87,6 +87,23 @@ def test_the_label_scorer_reads_the_label_tokens_that_were_trained(causal_lm):
         assert scores[k] == pytest.approx(trained, abs=1e-4)
 
 
+def _generated_with_eos_at(model, eos: int, call: int, run):
+    """`run()` while a forward hook on the LM head makes EOS the most likely token at the `call`-th forward
+    pass (a torch hook: nothing of loracls is patched)."""
+    calls = {"n": 0}
+
+    def boost(module, inputs, logits):
+        calls["n"] += 1
+        if calls["n"] >= call:
+            logits[..., eos] += 1e4
+
+    handle = model.lm_head.register_forward_hook(boost)
+    try:
+        return run()
+    finally:
+        handle.remove()
+
+
 def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
     tokenizer = make_tokenizer()
     prompts = [tokenizer("the film was")["input_ids"], tokenizer("a long dull plot and the actor")["input_ids"]]
@@ -95,28 +112,11 @@ def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
     alone = [generate(causal_lm, tokenizer, [p], 3, 1, CPU).texts[0] for p in prompts]
     assert bounded.texts == alone  # batched and left-padded = one at a time
     eos = tokenizer.eos_token_id
-
-    def eos_first(module, inputs, logits):  # EOS the most likely next token everywhere: generation ends at once
-        logits[..., eos] += 1e4
-
-    handle = causal_lm.lm_head.register_forward_hook(eos_first)
-    try:
-        stopped = generate(causal_lm, tokenizer, prompts, 5, 2, CPU)
-    finally:
-        handle.remove()
+    # EOS made the most likely next token from the first forward pass on: generation ends at once
+    stopped = _generated_with_eos_at(causal_lm, eos, 1, lambda: generate(causal_lm, tokenizer, prompts, 5, 2, CPU))
     assert stopped.tokens == [0, 0] and stopped.texts == ["", ""]
-    calls = {"n": 0}
-
-    def eos_third(module, inputs, logits):  # two tokens, then EOS: the comment is those two, EOS dropped
-        calls["n"] += 1
-        if calls["n"] == 3:
-            logits[..., eos] += 1e4
-
-    handle = causal_lm.lm_head.register_forward_hook(eos_third)
-    try:
-        two = generate(causal_lm, tokenizer, prompts, 5, 2, CPU)
-    finally:
-        handle.remove()
+    # from the third pass on: two tokens, then EOS; the comment is those two, EOS dropped
+    two = _generated_with_eos_at(causal_lm, eos, 3, lambda: generate(causal_lm, tokenizer, prompts, 5, 2, CPU))
     assert two.tokens == [2, 2] and all(len(text.split()) == 2 for text in two.texts)
 
 

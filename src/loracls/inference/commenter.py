@@ -12,12 +12,12 @@ from loracls import runs
 from loracls.data.batching import Encoded
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.model.generation import generate
+from loracls.model.generation import comments_after_labels
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.source import resolve_model_dir
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import prediction_rows
-from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, prompt_template
+from loracls.problems.label_and_comment import label_words, prompt_template
 
 
 class Commenter:
@@ -70,10 +70,10 @@ class Commenter:
 
     def comments(self, texts: list[str], chosen) -> list[str]:
         """Each text's comment, generated (greedy, bounded) after its chosen label."""
-        separator = self.tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-        prompts = self.scorer.answer_prompts(texts, chosen, separator)
         bound, batch = self.max_comment_tokens, self.batch_size
-        return generate(self.model, self.tokenizer, prompts, bound, batch, self.runtime).texts
+        return comments_after_labels(
+            self.model, self.tokenizer, self.scorer, texts, chosen, bound, batch, self.runtime
+        ).texts
 
     def predict(self, texts: list[str]) -> list[dict]:
         """Prediction rows (`text`, `prediction`, `probabilities`) with each text's `comment`."""

@@ -25,11 +25,12 @@ from loracls import files, runs
 from loracls.config import Config
 from loracls.data.splits import Dataset, Split, format_counts, load_dataset
 from loracls.errors import LoraclsError, first_line
-from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
+from loracls.hardware import Runtime, precision_reason, setup_runtime
 from loracls.inference.export import compare_predictions
 from loracls.jobs.preflight import preflight
+from loracls.jobs.train import new_run
 from loracls.metrics import comment_scores
-from loracls.model.generation import generate
+from loracls.model.generation import Generated, comments_after_labels
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.lora import LoraReport, apply_causal_lora
 from loracls.model.source import resolve_model_dir
@@ -37,7 +38,7 @@ from loracls.model.speedups import apply_speedups
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import Decision, Evaluation, evaluation, training_sequence
 from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, prompt_template
-from loracls.runs import CommentMetrics, ExportCheck, Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.runs import CommentMetrics, ExportCheck, Metrics, ModelSummary
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult, TrainSet
 from loracls.training.plan import describe
@@ -101,15 +102,8 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
 def _metrics(job: CommentJob, result: TrainResult, scored: Evaluation, calibration, comments, seconds) -> Metrics:
     return Metrics(
         test=scored.metrics,
-        validation=ValidationSummary(result.best_validation_accuracy, result.best_step, job.config.select_by),
-        train=TrainSummary(
-            result.steps,
-            result.stopped_early,
-            result.seconds,
-            result.train_tokens,
-            result.tokens_per_second,
-            result.mfu,
-        ),  # fmt: skip
+        validation=result.validation_summary(job.config.select_by),
+        train=result.summary(),
         model=ModelSummary(
             job.config.model,
             str(job.model_dir),
@@ -157,20 +151,11 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     model.to(runtime.device)
     apply_speedups(model, runtime, False, False)
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
-    run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset, held)
+    run = resume_dir if resume_dir is not None else new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
     return CommentJob(
         config, runtime, dataset, model_dir, tokenizer, model, lora, run, resume_dir is not None, log, template, words
     )  # fmt: skip
-
-
-def _new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib.ExitStack) -> Path:
-    run = runs.new_run_dir(config.output_dir, config.run_name)
-    held.enter_context(runs.hold(run))
-    runs.write_config(run, config)
-    runs.write_record(run / runs.ENV, environment_record(runtime))
-    runs.write_labels(run, dataset.id2label)
-    return run
 
 
 def _train_set(job: CommentJob) -> TrainSet:
@@ -221,18 +206,22 @@ def _label_logprobs(job: CommentJob, texts: list[str]) -> np.ndarray:
         job.model.train(was_training)
 
 
+def _comments(job: CommentJob, texts: list[str], chosen) -> Generated:
+    """The current model's comments after each text's chosen label (greedy, at most max_comment_tokens)."""
+    config = job.config
+    return comments_after_labels(
+        job.model, job.tokenizer, job.scorer(), texts, chosen, config.max_comment_tokens, config.eval_batch_size,
+        job.runtime,
+    )  # fmt: skip
+
+
 def _zero_shot(job: CommentJob) -> tuple[float, float]:
     """The same prompt with no training (the adapter disabled, before its first step): (test accuracy of the
     label words scored, ROUGE-L of the comments the base model writes after its chosen label)."""
-    test, tokenizer = job.dataset.test, job.tokenizer
+    test = job.dataset.test
     with job.model.disable_adapter():
         chosen = _label_logprobs(job, test.texts).argmax(axis=1)
-        separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-        prompts = job.scorer().answer_prompts(test.texts, chosen, separator)
-        config = job.config
-        written = generate(
-            job.model, tokenizer, prompts, config.max_comment_tokens, config.eval_batch_size, job.runtime
-        )
+        written = _comments(job, test.texts, chosen)
     accuracy = float((chosen == np.asarray(test.labels)).mean())
     rouge_l, _ = comment_scores(written.texts, test.comments)
     job.log(f"baseline (zero-shot, the same prompt untrained): accuracy {accuracy:.4f}, comments ROUGE-L {rouge_l:.4f}")
@@ -244,13 +233,8 @@ def _test_comments(
 ) -> tuple[CommentMetrics, list[str]]:
     """Generate each test text's comment after its chosen label; score it against the reference; write the
     rows (the prediction row, the comment, the reference)."""
-    scorer, tokenizer = job.scorer(), job.tokenizer
-    separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-    prompts = scorer.answer_prompts(test.texts, chosen, separator)
     started = time.perf_counter()
-    generated = generate(
-        job.model, tokenizer, prompts, job.config.max_comment_tokens, job.config.eval_batch_size, job.runtime
-    )
+    generated = _comments(job, test.texts, chosen)
     seconds = time.perf_counter() - started
     rouge_l, chrf = comment_scores(generated.texts, test.comments)
     read_back = _label_logprobs(job, generated.texts).argmax(axis=1)
@@ -260,7 +244,7 @@ def _test_comments(
     ]
     files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl", rows)
     record = CommentMetrics(
-        examples=len(prompts),
+        examples=len(test.texts),
         rouge_l=rouge_l,
         chrf=chrf,
         consistency=float((read_back == chosen).mean()) if len(chosen) else 0.0,
@@ -286,10 +270,9 @@ def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adap
     job.model = standalone.to(job.runtime.device).eval()
     merged_probs = decision.probabilities(_label_logprobs(job, test.texts))
     check = compare_predictions(adapter_probs, merged_probs, "fp32", decision)
-    separator = job.tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
-    prompts = job.scorer().answer_prompts(test.texts, decision.chosen(adapter_probs), separator)
-    again = generate(job.model, job.tokenizer, prompts, config.max_comment_tokens, config.eval_batch_size, job.runtime)
-    check.comments_equal = float(np.mean([a == b for a, b in zip(again.texts, adapter_comments)])) if prompts else 1.0
+    again = _comments(job, test.texts, decision.chosen(adapter_probs))
+    equal = [a == b for a, b in zip(again.texts, adapter_comments)]
+    check.comments_equal = float(np.mean(equal)) if equal else 1.0
     if not check.predictions_equal:
         raise LoraclsError(
             f"the merged model disagrees with the adapter on {check.disagreements_beyond_ties} of {check.examples} "

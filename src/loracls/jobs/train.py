@@ -33,7 +33,7 @@ from loracls.model.scoring import evaluate, predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import apply_speedups
 from loracls.problems import Decision, evaluation, problem_for
-from loracls.runs import Metrics, ModelSummary, TrainSummary, ValidationSummary
+from loracls.runs import Metrics, ModelSummary
 from loracls.training import distributed
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult, TrainSet
@@ -95,15 +95,8 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     )
     metrics = Metrics(
         test=test,
-        validation=ValidationSummary(result.best_validation_accuracy, result.best_step, job.config.select_by),
-        train=TrainSummary(
-            result.steps,
-            result.stopped_early,
-            result.seconds,
-            result.train_tokens,
-            result.tokens_per_second,
-            result.mfu,
-        ),
+        validation=result.validation_summary(job.config.select_by),
+        train=result.summary(),
         model=summary,
         data=job.dataset.class_counts(),
         wall_seconds=time.perf_counter() - started,
@@ -176,7 +169,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
         log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
     attention = apply_speedups(model, runtime, config.quantization != "none", distributed.is_sharded(model))
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
-    run = resume_dir if resume_dir is not None else _new_run(config, runtime, dataset, held)
+    run = resume_dir if resume_dir is not None else new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
     resumed = resume_dir is not None
     return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resumed, log, encoded, attention)
@@ -227,7 +220,8 @@ def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str
     return encoded
 
 
-def _new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib.ExitStack) -> Path:
+def new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib.ExitStack) -> Path:
+    """The run directory, held, with its config, env.json and labels (rank 0 makes it; every rank gets it)."""
     run = None
     if distributed.is_main():
         run = runs.new_run_dir(config.output_dir, config.run_name)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from loracls.model.label_scoring import left_padded
+from loracls.model.label_scoring import LabelScorer, left_padded
+from loracls.problems.label_and_comment import COMMENT_SEPARATOR
 
 
 @dataclass
@@ -55,3 +56,13 @@ def generate(
     finally:
         model.train(was_training)
     return Generated(texts, tokens)
+
+
+def comments_after_labels(
+    model, tokenizer, scorer: LabelScorer, texts: list[str], chosen, max_new_tokens: int, batch_size: int, runtime
+) -> Generated:
+    """Each text's comment, generated after its prompt, its chosen label's word and the comment separator:
+    label_and_comment's test, zero-shot baseline, export check, predict and serve."""
+    separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
+    prompts = scorer.answer_prompts(texts, chosen, separator)
+    return generate(model, tokenizer, prompts, max_new_tokens, batch_size, runtime)

@@ -60,6 +60,16 @@ class TrainResult:
     tokens_per_second: float  # train steps only
     mfu: float | None  # share of the device peak at the precision trained in; None where the peak is unknown
 
+    def summary(self) -> runs.TrainSummary:
+        """metrics.json's `train`."""
+        return runs.TrainSummary(
+            self.steps, self.stopped_early, self.seconds, self.train_tokens, self.tokens_per_second, self.mfu
+        )
+
+    def validation_summary(self, select_by: str) -> runs.ValidationSummary:
+        """metrics.json's `validation`: the best checkpoint's step and accuracy."""
+        return runs.ValidationSummary(self.best_validation_accuracy, self.best_step, select_by)
+
 
 @dataclass
 class LoopState:
