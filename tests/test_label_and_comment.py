@@ -207,6 +207,12 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert metrics["test"]["accuracy"] > 0.5  # the label words are learnable in a few steps
     assert 0 <= comments["zero_shot_accuracy"] <= 1 and 0 <= comments["zero_shot_rouge_l"] <= 1  # untrained
     assert comments["rouge_l"] > comments["zero_shot_rouge_l"]  # the trained comments are the references' kind
+    # the classification-head LoRA beside it: its own run inside this one, on the very same test split
+    head = run / "head_baseline"
+    assert 0 <= comments["head_accuracy"] <= 1 and comments["head_train_seconds"] > 0
+    assert json.loads((head / "metrics.json").read_text())["test"]["accuracy"] == comments["head_accuracy"]
+    head_texts = [row["text"] for row in read_jsonl(head / "predictions" / "test.jsonl")]
+    assert head_texts == [row["text"] for row in read_jsonl(run / "predictions" / "test.jsonl")]
     rows = read_jsonl(run / "predictions" / "test.jsonl")
     assert {"text", "label", "prediction", "probabilities", "comment", "reference_comment"} <= set(rows[0])
     assert all(row["prediction"] in ("neg", "pos") for row in rows)  # scored, never sampled: always a label
@@ -230,6 +236,7 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     assert "Comments (test split)" in page and page.count("<tr>") >= 20 and rows[0]["reference_comment"] in page
+    assert "classification-head LoRA (same split)" in page
 
 
 def _served_comments_are_predicts(run, rows, predicted):

@@ -25,7 +25,7 @@ from loracls.errors import LoraclsError, first_line
 EMBEDDED_MODEL = "embedded:gemma3-270m"
 EMBEDDED_DATA = "embedded:rotten_tomatoes"
 EMBEDDED_ENCODER = "embedded:all-minilm-l6-v2"
-BASELINE_NAMES = ("zero_shot", "tfidf", "encoder")
+BASELINE_NAMES = ("zero_shot", "tfidf", "encoder", "head")
 
 
 def _help(default, text: str, **constraints):
@@ -143,7 +143,9 @@ class Config:
     # --- baselines (scored on the test split before training) ---
     baseline: bool = _help(True, "false: no baseline at all")
     baselines: list[str] = _help(
-        lambda: ["zero_shot", "tfidf", "encoder"], "which baselines: zero_shot, tfidf, encoder"
+        lambda: ["zero_shot", "tfidf", "encoder", "head"],
+        "which baselines: zero_shot, tfidf, encoder (classification); zero_shot, head (label_and_comment: the "
+        "classification-head LoRA trained on the same split)",
     )
     prompt_template: str | None = _help(None, "the zero-shot prompt: must hold {text}, may hold {choices}")
     verbalizers: dict[str, str] | None = _help(None, "label name -> the word the zero-shot prompt scores")

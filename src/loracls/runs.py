@@ -39,6 +39,7 @@ PREDICTIONS = "predictions"
 CHECKPOINT = "checkpoint.pt"
 CALIBRATION = "loracls_calibration.json"  # inside adapter/: its InputFormat (the decision fitted on validation)
 INPUT_FORMAT = "loracls_input.json"  # beside an exported model (merged/, onnx/): the same InputFormat
+HEAD_BASELINE = "head_baseline"  # label_and_comment: the classification-head LoRA's own run, inside the run
 LOCK = ".loracls.lock"  # held (flock) by the one process that writes the run: train, export, sweep
 
 
@@ -169,6 +170,9 @@ class CommentMetrics:
     tokens_per_second: float  # generation, batched, on this machine
     zero_shot_accuracy: float | None = None  # the same prompt, untrained: its label words scored
     zero_shot_rouge_l: float | None = None  # the base model's comments after the same prompt and its label
+    head_accuracy: float | None = None  # the classification-head LoRA trained on the same split (baselines: head)
+    head_macro_f1: float | None = None
+    head_train_seconds: float | None = None
 
 
 @dataclass

@@ -235,17 +235,21 @@ def write_report(run_path: str) -> Path:
 COMMENT_EXAMPLES = 20
 
 
-def _comments_section(comments: runs.CommentMetrics | None, test_rows: list) -> list[str]:
-    """label_and_comment: the comment scores, and the first test examples with their generated comment."""
+def _comments_section(metrics: runs.Metrics, test_rows: list) -> list[str]:
+    """label_and_comment: labels and comments beside the untrained prompt and the classification-head LoRA,
+    and the first test examples with their generated comment."""
+    comments = metrics.comments
     if comments is None:
         return []
     scores = [
-        ["ROUGE-L (mean F1)", comments.rouge_l, comments.zero_shot_rouge_l],
-        ["chrF", comments.chrf, None],
-        ["consistency (the comment alone gives the label)", comments.consistency, None],
-        ["label accuracy", None, comments.zero_shot_accuracy],
-        ["mean comment tokens", comments.mean_tokens, None],
-        ["generation tokens/s", comments.tokens_per_second, None],
+        ["label accuracy", metrics.test.accuracy, comments.zero_shot_accuracy, comments.head_accuracy],
+        ["label macro F1", metrics.test.macro_f1, None, comments.head_macro_f1],
+        ["ROUGE-L (mean F1)", comments.rouge_l, comments.zero_shot_rouge_l, None],
+        ["chrF", comments.chrf, None, None],
+        ["consistency (the comment alone gives the label)", comments.consistency, None, None],
+        ["mean comment tokens", comments.mean_tokens, None, None],
+        ["generation tokens/s", comments.tokens_per_second, None, None],
+        ["train seconds", metrics.train.seconds, None, comments.head_train_seconds],
     ]
     rows = [r for r in test_rows if _prediction_row(r) and isinstance(r.get("comment"), str)][:COMMENT_EXAMPLES]
     examples = [
@@ -256,8 +260,8 @@ def _comments_section(comments: runs.CommentMetrics | None, test_rows: list) -> 
     return [
         "<h2>Comments (test split)</h2>",
         _table(
-            ["", "trained", "zero-shot (same prompt)"],
-            [[k, *("-" if v is None else _fmt(v) for v in (a, b))] for k, a, b in scores],
+            ["", "trained (label + comment)", "zero-shot (same prompt)", "classification-head LoRA (same split)"],
+            [[k, *("-" if v is None else _fmt(v) for v in values)] for k, *values in scores],
         ),
         _table(["text", "true", "predicted", "probability", "generated comment", "reference"], examples),
     ]
@@ -310,7 +314,7 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
         ),
         '<img src="confusion.png" alt="confusion matrix">' if hasattr(metrics.test, "confusion_matrix") else "",
         *_calibration_section(metrics.calibration),
-        *_comments_section(metrics.comments, test_rows),
+        *_comments_section(metrics, test_rows),
         "<h2>Most confident mistakes</h2>",
         _table(["true", "predicted", "confidence", "text"], [[a, b, _fmt(c), t] for a, b, c, t in mistakes])
         if mistakes

@@ -12,7 +12,9 @@ consistency the run's own label scorer reads each comment alone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from loracls.errors import LoraclsError, first_line
 from loracls.hardware import Runtime, precision_reason, setup_runtime
 from loracls.inference.export import compare_predictions
 from loracls.jobs.preflight import preflight
-from loracls.jobs.train import new_run
+from loracls.jobs.train import new_run, train
 from loracls.metrics import comment_scores
 from loracls.model.generation import Generated, comments_after_labels
 from loracls.model.label_scoring import LabelScorer
@@ -70,7 +72,9 @@ class CommentJob:
 def train_label_and_comment(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> Path:
     started = time.perf_counter()
     job = _prepare(config, log, resume, held)
-    zero_shot = _zero_shot(job) if job.config.baseline and not job.resumed else None
+    baselines = job.config.baselines if job.config.baseline else []
+    zero_shot = _zero_shot(job) if "zero_shot" in baselines and not job.resumed else None
+    head = _head_baseline(job) if "head" in baselines else None
     result = _fit(job)
     logits = {name: _label_logprobs(job, getattr(job.dataset, name).texts) for name in ("validation", "test")}
     test = job.dataset.test
@@ -84,6 +88,9 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
     export = _export(job, decision, probs, written) if job.config.merge else None
     if zero_shot is not None:
         comments.zero_shot_accuracy, comments.zero_shot_rouge_l = zero_shot
+    if head is not None:
+        comments.head_accuracy, comments.head_macro_f1 = head.test.accuracy, head.test.macro_f1
+        comments.head_train_seconds = head.train.seconds
     job.log("test:\n" + scored.metrics.text())
     metrics = _metrics(job, result, scored, calibration, comments, time.perf_counter() - started)
     metrics.export = export
@@ -94,6 +101,7 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
         f"done in {metrics.wall_seconds:.0f}s: test accuracy {scored.metrics.accuracy:.4f}, comments ROUGE-L "
         f"{comments.rouge_l:.4f}, chrF {comments.chrf:.1f}, consistency {comments.consistency:.3f}"
         + (f" (zero-shot: accuracy {zero_shot[0]:.4f}, ROUGE-L {zero_shot[1]:.4f})" if zero_shot else "")
+        + (f"; the classification-head LoRA: accuracy {head.test.accuracy:.4f}" if head else "")
         + f"; metrics in {job.run / runs.METRICS}"
     )
     return job.run
@@ -226,6 +234,32 @@ def _zero_shot(job: CommentJob) -> tuple[float, float]:
     rouge_l, _ = comment_scores(written.texts, test.comments)
     job.log(f"baseline (zero-shot, the same prompt untrained): accuracy {accuracy:.4f}, comments ROUGE-L {rouge_l:.4f}")
     return accuracy, rouge_l
+
+
+def _head_baseline(job: CommentJob) -> Metrics:
+    """The classification-head LoRA on the same data, split (same seed) and settings, trained as its own run in
+    RUN/head_baseline: what writing the comment costs or buys in label accuracy. A resumed job reads the
+    finished one, resumes it from its checkpoint, or starts it again when it was killed before one."""
+    folder = job.run / runs.HEAD_BASELINE
+
+    def log(message: str) -> None:
+        job.log(f"head baseline: {message}")
+
+    if not (folder / runs.METRICS).exists():
+        with torch.random.fork_rng():  # the comment model trains the same with or without this baseline
+            _train_head(job, folder, log)
+    head = runs.read_metrics(folder)
+    job.log(f"baseline (the classification-head LoRA, same split): test accuracy {head.test.accuracy:.4f}")
+    return head
+
+
+def _train_head(job: CommentJob, folder: Path, log) -> None:
+    if (folder / runs.CHECKPOINT).exists():
+        train(None, log, resume=str(folder))
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    settings = {"problem": "single_label", "comment_column": None, "baseline": False, "merge": False}
+    train(dataclasses.replace(job.config, **settings, output_dir=str(job.run), run_name=folder.name), log)
 
 
 def _test_comments(
