@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-CATEGORIES = {"04": "act", "10": "communication", "07": "attribute", "06": "artifact", "09": "cognition", "18": "person"}
+CATEGORIES = {
+    "04": "act", "10": "communication", "07": "attribute", "06": "artifact", "09": "cognition", "18": "person"
+}  # fmt: skip
 EXAMPLE = re.compile(r'"([^"]+)"')
 
 

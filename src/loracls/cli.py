@@ -55,18 +55,27 @@ def cmd_evaluate(args) -> None:
 
 def cmd_predict(args) -> None:
     from loracls import files, runs
-    from loracls.data.tables import read_texts
-    from loracls.inference.loaded import predict
+    from loracls.inference.loaded import predict, predictor
+    from loracls.inference.streaming import predict_file, stream_to_stdout
 
     if bool(args.text) == bool(args.file):
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
+    if args.resume and not (args.file and args.out):
+        raise LoraclsError("predict: --resume continues an interrupted --file IN --out OUT call; give both")
+    if args.text:
+        rows = predict(args.run, args.text, log, args.batch_size, args.device, args.precision)
+        if args.out:
+            files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
+        else:
+            sys.stdout.write("".join(files.json_line(row) + "\n" for row in rows))
+        return
     run = runs.check_run_dir(args.run)
-    texts = args.text or read_texts(args.file, runs.read_config(run).text_column)
-    rows = predict(args.run, texts, log, args.batch_size, args.device, args.precision)
+    text_column = runs.read_config(run).text_column
+    score = predictor(args.run, log, args.batch_size, args.device, args.precision)
     if args.out:
-        files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
+        predict_file(score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
     else:
-        sys.stdout.write("".join(files.json_line(row) + "\n" for row in rows))
+        stream_to_stdout(score, args.file, text_column, args.chunk_rows)
 
 
 def cmd_serve(args) -> None:
@@ -278,7 +287,13 @@ def _run_commands(sub) -> None:
     p.add_argument("run")
     p.add_argument("--text", action="append", help="a text to classify (repeatable)")
     p.add_argument("--file", help=".txt (one text a line) or CSV/JSONL/Parquet with the text column")
-    p.add_argument("--out", help="write JSONL here instead of stdout")
+    p.add_argument(
+        "--out",
+        help="with --text: write JSONL here; with --file: OUT.jsonl (lines) or OUT.parquet (a directory of parts), "
+        "written chunk by chunk",
+    )
+    p.add_argument("--resume", action="store_true", help="continue an interrupted --file IN --out OUT call")
+    p.add_argument("--chunk-rows", type=_positive, default=10_000, help="rows read, scored and written at a time")
     p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
     _inference_options(p)
     p.set_defaults(func=cmd_predict)

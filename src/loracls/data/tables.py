@@ -1,5 +1,5 @@
-"""Reading tables: CSV / TSV / JSONL / JSON / Parquet (compressed too), the embedded Rotten Tomatoes data,
-and plain text files. Every reading problem (missing file, not UTF-8, malformed content, no rows) is one line."""
+"""Reading tables: CSV / TSV / JSONL / JSON / Parquet (compressed too) and the embedded Rotten Tomatoes data;
+every reading problem (missing file, not UTF-8, malformed content, no rows) is one line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from loracls import files
 from loracls.config import EMBEDDED_DATA
 from loracls.errors import LoraclsError, first_line
 
@@ -71,27 +70,3 @@ def read_table(path: str) -> pd.DataFrame:
     if len(frame) == 0:
         raise LoraclsError(f"{path} has no rows")
     return frame
-
-
-def read_texts(file: str, text_column: str) -> list[str]:
-    """Texts to classify: a .txt file (one text a line, blank lines skipped) or a table's text column."""
-    path = Path(file)
-    if path.suffix.lower() == ".txt":
-        texts = [line for line in files.read_text(path, "text file").splitlines() if line.strip()]
-        if not texts:
-            raise LoraclsError(f"{file} holds no text")
-        return texts
-    frame = read_table(file)
-    column = text_column if text_column in frame.columns else "text"
-    if column not in frame.columns:
-        raise LoraclsError(
-            f"{file}: no column {text_column!r} or 'text' (columns: {', '.join(map(str, frame.columns))})"
-        )
-    values = frame[column]
-    empty = values.isna() | (values.astype(str).str.strip() == "")
-    if empty.any():
-        raise LoraclsError(
-            f"{file}: {int(empty.sum())} empty text(s) in column {column!r}, "
-            f"first at row {int(empty.to_numpy().nonzero()[0][0])}"
-        )
-    return values.astype(str).tolist()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from loracls import runs
 from loracls.data.splits import labelled_split, load_dataset
 from loracls.data.tables import read_table
@@ -38,6 +40,24 @@ def evaluate(
     return metrics
 
 
+def predictor(
+    run_path: str, log=print, batch_size: int | None = None, device: str | None = None, precision: str | None = None
+) -> Callable[[list[str]], list[dict]]:
+    """texts -> prediction rows (`text`, `prediction`, `probabilities`; label_and_comment adds `comment`), with
+    the run's model loaded once."""
+    if problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative:
+        from loracls.inference.commenter import Commenter
+
+        return Commenter(run_path, log, batch_size, device).predict
+    classifier = Classifier(run_path, log, batch_size, device, precision)
+
+    def rows(texts: list[str]) -> list[dict]:
+        probs = classifier.probabilities(texts)
+        return [row.to_json() for row in prediction_rows(texts, None, probs, classifier.id2label, classifier.decision)]
+
+    return rows
+
+
 def predict(
     run_path: str,
     texts: list[str],
@@ -50,10 +70,4 @@ def predict(
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
-    if problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative:
-        from loracls.inference.commenter import Commenter
-
-        return Commenter(run_path, log, batch_size, device).predict(texts)
-    classifier = Classifier(run_path, log, batch_size, device, precision)
-    probs = classifier.probabilities(texts, progress=True)
-    return [row.to_json() for row in prediction_rows(texts, None, probs, classifier.id2label, classifier.decision)]
+    return predictor(run_path, log, batch_size, device, precision)(texts)
