@@ -115,7 +115,7 @@ def predict_file(
     log=print,
 ) -> int:
     """Scores every text of `file` into `out`; the number of rows written by this call."""
-    source, output = TextColumn(file, text_column), output_for(out)
+    output, source = output_for(out), TextColumn(file, text_column)
     progress = _resumed(output, source, run, chunk_rows) if resume else _fresh(output, source, run, chunk_rows)
     with files.exclusive(output.lock_path, wait=False, what=f"the output {out}"):
         try:
