@@ -97,3 +97,23 @@ def test_export_refusals(run_copy, capsys):
     assert "writes fp32" in capsys.readouterr().err
     assert main(["export", str(run_copy.parent / "nowhere"), "--format", "merged"]) == 2
     assert "not a finished loracls run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_int8_onnx_export_is_checked_against_fp32(run_copy, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    assert main(["export", str(run_copy), "--format", "onnx", "--quantize", "int8"]) == 0
+    fp32, int8 = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert fp32["dtype"] == "fp32" and fp32["predictions_equal"]
+    assert int8["dtype"] == "int8" and int8["examples"] == fp32["examples"] == 60
+    assert int8["file"].endswith("model.int8.onnx") and (run_copy / "onnx" / "model.int8.onnx").is_file()
+    assert (
+        0 <= int8["accuracy"] <= 1
+        and int8["reference_accuracy"] == json.loads((run_copy / "metrics.json").read_text())["test"]["accuracy"]
+    )  # fp32 PyTorch on the test split: the run's own figure
+    assert json.loads((run_copy / "onnx" / "export_check.int8.json").read_text()) == int8
+    # the int8 weights are smaller than the fp32 ones (the tiny model's embeddings stay fp32, so not 4x)
+    folder = run_copy / "onnx"
+    fp32_bytes = sum(p.stat().st_size for p in folder.glob("model.onnx*"))
+    assert (folder / "model.int8.onnx").stat().st_size < fp32_bytes

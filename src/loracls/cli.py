@@ -110,13 +110,16 @@ def cmd_export(args) -> None:
 
     if args.format == "onnx" and args.dtype != "fp32":
         raise LoraclsError("export --format onnx writes fp32 (checked against PyTorch in fp32); drop --dtype")
+    if args.quantize and args.format != "onnx":
+        raise LoraclsError("export --quantize int8 applies to --format onnx")
     if args.format == "merged" and args.out:
         raise LoraclsError("export --format merged writes RUN/merged; --out is for onnx")
     with runs.hold(runs.check_run_dir(args.run)):  # one writer per run directory
         if args.format == "onnx":
             from loracls.inference.onnx_export import export_onnx
 
-            print(json_line(runs.to_dict(export_onnx(args.run, args.out, log, replace=args.force))))
+            for check in export_onnx(args.run, args.out, log, replace=args.force, quantize=args.quantize):
+                print(json_line(runs.to_dict(check)))
             return
         from loracls.inference.export import remerge
 
@@ -320,6 +323,11 @@ def _run_commands(sub) -> None:
     p.add_argument("--format", choices=["onnx", "merged"], required=True)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="merged weights (bf16: half the size)")
     p.add_argument("--out", help="onnx: the folder to write (default RUN/onnx)")
+    p.add_argument(
+        "--quantize",
+        choices=["int8"],
+        help="onnx: also write model.int8.onnx (onnxruntime dynamic quantization), checked against fp32",
+    )
     p.add_argument(
         "--force",
         action="store_true",

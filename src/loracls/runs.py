@@ -156,6 +156,8 @@ class ExportCheck:
     texts_per_second: float | None = None  # the export's, on the test split
     reference_texts_per_second: float | None = None  # what it was checked against (PyTorch), same texts
     comments_equal: float | None = None  # label_and_comment: share of greedy comments equal to the adapter's
+    accuracy: float | None = None  # int8 ONNX: the export's test accuracy ...
+    reference_accuracy: float | None = None  # ... and the fp32 PyTorch model's, on the same texts
 
 
 @dataclass
