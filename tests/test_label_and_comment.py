@@ -163,17 +163,39 @@ def test_bad_label_and_comment_input_is_one_line(tmp_path, change, extra, messag
         load_dataset(_config(path, *extra))
 
 
-def test_label_and_comment_under_torchrun_is_refused_in_one_line(gemma3_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_processes_train_the_comment_model_as_one_with_double_batch(gemma3_dir, tmp_path, data_parallel):
+    """torchrun with 2 processes (gloo) and batch 4 each = one process with batch 8: the same validation at
+    every step, the same adapter, the same test labels and comments; the head baseline runs distributed too."""
+    import os
+    import subprocess
+
+    from safetensors.torch import load_file
+
     from conftest import tiny_overrides
     from loracls.cli import main
+    from test_sweep_resume_scale import PROCESS_LIMIT, _torchrun
 
     path = tmp_path / "d.csv"
-    _frame(100).to_csv(path, index=False)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    args = tiny_overrides(gemma3_dir, path, tmp_path, problem="label_and_comment", comment_column="why")
-    assert main(["train", *args]) == 2
-    assert "label_and_comment trains in one process" in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+    _frame(300).to_csv(path, index=False)
+    common = dict(problem="label_and_comment", comment_column="why", max_comment_tokens=4, epochs=2, eval_every=5)
+    common.update(train_size=80, validation_size=20, test_size=20, merge=False, threads=1, lora_dropout=0.0)
+    common.update(verbalizers={"neg": "bad", "pos": "good"}, learning_rate=2e-2, baselines=["head"])
+    single, double = tmp_path / "single", tmp_path / "double"
+    assert main(["train", *tiny_overrides(gemma3_dir, path, single, batch_size=8, **common)]) == 0
+    args = tiny_overrides(gemma3_dir, path, double, batch_size=4, data_parallel=data_parallel, **common)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(_torchrun(args), env=env, capture_output=True, text=True, timeout=PROCESS_LIMIT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("fsdp: weights sharded over 2 processes" in result.stdout + result.stderr) == (data_parallel == "fsdp")
+    a, b = (json.loads((run / "run" / "metrics.json").read_text()) for run in (single, double))
+    assert a["train"]["steps"] == b["train"]["steps"] and a["validation"] == b["validation"]
+    assert a["test"]["accuracy"] == b["test"]["accuracy"] and a["comments"]["head_accuracy"] is not None
+    wa, wb = (load_file(run / "run" / "adapter" / "adapter_model.safetensors") for run in (single, double))
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+    rows = [[r["comment"] for r in read_jsonl(run / "run" / "predictions" / "test.jsonl")] for run in (single, double)]
+    assert rows[0] == rows[1]
 
 
 def test_list_cells_from_jsonl_are_refused(tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from loracls import files, runs
@@ -41,6 +41,7 @@ from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import Decision, Evaluation, evaluation, training_sequence
 from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, prompt_template
 from loracls.runs import CommentMetrics, ExportCheck, Metrics, ModelSummary
+from loracls.training import distributed
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult, TrainSet
 from loracls.training.plan import describe
@@ -73,9 +74,19 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
     started = time.perf_counter()
     job = _prepare(config, log, resume, held)
     baselines = job.config.baselines if job.config.baseline else []
-    zero_shot = _zero_shot(job) if "zero_shot" in baselines and not job.resumed else None
-    head = _head_baseline(job) if "head" in baselines else None
+    zero_shot = None
+    if "zero_shot" in baselines and not job.resumed and distributed.is_main():
+        zero_shot = _zero_shot(job)
+    distributed.barrier()
+    if _sharding(job.config):
+        units = distributed.shard_model(job.model)
+        job.log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
+    head = _head_baseline(job) if "head" in baselines else None  # under torchrun: a distributed run too
     result = _fit(job)
+    if not distributed.is_main():
+        return job.run
+    if distributed.is_sharded(job.model):  # the test phase runs here alone: the base + the saved best adapter
+        job.model = _reloaded(job)
     logits = {name: _label_logprobs(job, getattr(job.dataset, name).texts) for name in ("validation", "test")}
     test = job.dataset.test
     decision, calibration = job.dataset.kind.fit_decision(
@@ -134,14 +145,15 @@ def _metrics(job: CommentJob, result: TrainResult, scored: Evaluation, calibrati
 
 def _prepare(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> CommentJob:
     """Every input checked before the run directory is made (or the interrupted run's own config read)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise LoraclsError("label_and_comment trains in one process for now: run it without torchrun")
+    distributed.init_from_environment()
+    log = log if distributed.is_main() else _quiet
     resume_dir = runs.check_resumable(resume) if resume else None
-    if resume_dir is not None:
+    if resume_dir is not None and distributed.is_main():
         held.enter_context(runs.hold(resume_dir))
         runs.remove_leftovers(resume_dir)
     config = runs.read_config(resume_dir) if resume_dir is not None else config
     runtime = setup_runtime(config.device, config.precision, config.threads, config.deterministic)
+    runtime.device = distributed.local_device(runtime.device)
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
@@ -157,13 +169,28 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
         base, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log
     )  # fmt: skip
     model.to(runtime.device)
-    apply_speedups(model, runtime, False, False)
+    apply_speedups(model, runtime, False, _sharding(config))
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
     return CommentJob(
         config, runtime, dataset, model_dir, tokenizer, model, lora, run, resume_dir is not None, log, template, words
     )  # fmt: skip
+
+
+def _sharding(config: Config) -> bool:
+    return config.data_parallel == "fsdp" and distributed.world_size() > 1
+
+
+def _reloaded(job: CommentJob) -> torch.nn.Module:
+    base = AutoModelForCausalLM.from_pretrained(str(job.model_dir), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(job.run / runs.ADAPTER)).to(job.runtime.device)
+    apply_speedups(model, job.runtime, False, False)
+    return model.eval()
+
+
+def _quiet(*_args, **_kwargs) -> None:
+    """The log of every process but the first."""
 
 
 def _train_set(job: CommentJob) -> TrainSet:
@@ -245,19 +272,25 @@ def _head_baseline(job: CommentJob) -> Metrics:
     def log(message: str) -> None:
         job.log(f"head baseline: {message}")
 
-    if not (folder / runs.METRICS).exists():
+    finished, resumable = distributed.broadcast_object(
+        ((folder / runs.METRICS).exists(), (folder / runs.CHECKPOINT).exists())
+    )  # every process decides as the first one sees the folder
+    if not finished:
         with torch.random.fork_rng():  # the comment model trains the same with or without this baseline
-            _train_head(job, folder, log)
+            _train_head(job, folder, resumable, log)
+    distributed.barrier()  # the first process has written its metrics
     head = runs.read_metrics(folder)
     job.log(f"baseline (the classification-head LoRA, same split): test accuracy {head.test.accuracy:.4f}")
     return head
 
 
-def _train_head(job: CommentJob, folder: Path, log) -> None:
-    if (folder / runs.CHECKPOINT).exists():
+def _train_head(job: CommentJob, folder: Path, resumable: bool, log) -> None:
+    if resumable:
         train(None, log, resume=str(folder))
         return
-    shutil.rmtree(folder, ignore_errors=True)
+    if distributed.is_main():
+        shutil.rmtree(folder, ignore_errors=True)
+    distributed.barrier()
     settings = {"problem": "single_label", "comment_column": None, "baseline": False, "merge": False}
     train(dataclasses.replace(job.config, **settings, output_dir=str(job.run), run_name=folder.name), log)
 
