@@ -117,3 +117,22 @@ def test_int8_onnx_export_is_checked_against_fp32(run_copy, capsys):
     folder = run_copy / "onnx"
     fp32_bytes = sum(p.stat().st_size for p in folder.glob("model.onnx*"))
     assert (folder / "model.int8.onnx").stat().st_size < fp32_bytes
+    # the exports as engines: evaluate, predict and serve run them through onnxruntime
+    capsys.readouterr()
+    assert main(["evaluate", str(run_copy), "--engine", "onnx-int8"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["accuracy"] == int8["accuracy"]
+    texts = ["great superb film", "awful dull boring plot"]
+    rows = {}
+    for engine in ("torch", "onnx", "onnx-int8"):
+        assert main(["predict", str(run_copy), "--engine", engine, *[a for t in texts for a in ("--text", t)]]) == 0
+        rows[engine] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for torch_row, onnx_row in zip(rows["torch"], rows["onnx"]):
+        assert onnx_row["prediction"] == torch_row["prediction"]
+        assert onnx_row["probabilities"] == pytest.approx(torch_row["probabilities"], abs=1e-3)
+    assert [set(r["probabilities"]) for r in rows["onnx-int8"]] == [{"neg", "pos"}] * 2
+    from loracls.inference.onnx_engine import OnnxClassifier
+    from test_serve_contract import ask
+
+    (answer,) = ask(OnnxClassifier(str(run_copy), lambda *a: None), [("POST", "/classify", {"input": texts})])
+    assert answer.status_code == 200
+    assert [item["label"] for item in answer.json()["data"]] == [r["prediction"] for r in rows["onnx"]]

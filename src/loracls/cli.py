@@ -50,7 +50,11 @@ def cmd_evaluate(args) -> None:
     from loracls.inference.loaded import evaluate
     from loracls.runs import to_dict
 
-    print(json_line(to_dict(evaluate(args.run, args.data, log, args.batch_size, args.device, args.precision))))
+    print(
+        json_line(
+            to_dict(evaluate(args.run, args.data, log, args.batch_size, args.device, args.precision, args.engine))
+        )
+    )
 
 
 def cmd_predict(args) -> None:
@@ -63,7 +67,7 @@ def cmd_predict(args) -> None:
     if args.resume and not (args.file and args.out):
         raise LoraclsError("predict: --resume continues an interrupted --file IN --out OUT call; give both")
     if args.text:
-        rows = predict(args.run, args.text, log, args.batch_size, args.device, args.precision)
+        rows = predict(args.run, args.text, log, args.batch_size, args.device, args.precision, args.engine)
         if args.out:
             files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
         else:
@@ -71,7 +75,7 @@ def cmd_predict(args) -> None:
         return
     run = runs.check_run_dir(args.run)
     text_column = runs.read_config(run).text_column
-    score = predictor(args.run, log, args.batch_size, args.device, args.precision)
+    score = predictor(args.run, log, args.batch_size, args.device, args.precision, args.engine)
     if args.out:
         predict_file(score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
     else:
@@ -79,18 +83,11 @@ def cmd_predict(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from loracls import runs
-    from loracls.inference.engine import Classifier
+    from loracls.inference.loaded import engine_for
     from loracls.inference.server import serve
-    from loracls.problems import problem_for
 
-    run_config = Path(args.run) / runs.CONFIG  # serve also takes a merged model directory
-    if run_config.is_file() and problem_for(runs.read_config(Path(args.run)).problem).generative:
-        from loracls.inference.commenter import Commenter  # label_and_comment: labels scored, comments written
-
-        classifier = Commenter(args.run, log, args.max_batch_size, args.device)
-    else:
-        classifier = Classifier(args.run, log, args.max_batch_size, args.device, args.precision)
+    # a run directory or a merged model directory; label_and_comment: labels scored, comments written
+    classifier = engine_for(args.run, log, args.max_batch_size, args.device, args.precision, args.engine)
     serve(
         classifier,
         args.host,
@@ -210,6 +207,13 @@ def _positive(text: str) -> int:
 def _inference_options(parser) -> None:
     parser.add_argument("--device", help="override the run's device (auto, cpu, cuda, cuda:N, mps)")
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="override the run's precision")
+    parser.add_argument(
+        "--engine",
+        choices=["torch", "onnx", "onnx-int8"],
+        default="torch",
+        help="torch (default); onnx / onnx-int8: the run's ONNX export (export --format onnx [--quantize int8]) "
+        "through onnxruntime on the CPU",
+    )
 
 
 class _UsageError(Exception):

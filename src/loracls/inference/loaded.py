@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from loracls import runs
 from loracls.data.splits import labelled_split, load_dataset
@@ -13,6 +14,36 @@ from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 from loracls.problems import evaluation, prediction_rows, problem_for
 
 
+def engine_for(
+    run_path: str,
+    log=print,
+    batch_size: int | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+    engine: str = "torch",
+):
+    """The engine a command runs: PyTorch (the merged model, or base + adapter merged in memory; a
+    label_and_comment run's causal LM), or a run's ONNX export through onnxruntime (`onnx`, `onnx-int8`)."""
+    generative = False
+    if (Path(run_path) / runs.CONFIG).is_file():
+        generative = problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative
+    if engine != "torch":
+        if generative:
+            raise LoraclsError(f"--engine {engine}: a label_and_comment run has no ONNX export; use --engine torch")
+        if device not in (None, "cpu") or precision is not None:
+            raise LoraclsError(
+                f"--engine {engine} runs on the CPU at the export's precision; drop --device/--precision"
+            )
+        from loracls.inference.onnx_engine import OnnxClassifier
+
+        return OnnxClassifier(run_path, log, batch_size, engine)
+    if generative:
+        from loracls.inference.commenter import Commenter
+
+        return Commenter(run_path, log, batch_size, device)
+    return Classifier(run_path, log, batch_size, device, precision)
+
+
 def evaluate(
     run_path: str,
     data: str | None = None,
@@ -20,15 +51,11 @@ def evaluate(
     batch_size: int | None = None,
     device: str | None = None,
     precision: str | None = None,
+    engine: str = "torch",
 ) -> ClassificationMetrics | MultiLabelMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
-    if problem_for(config.problem).generative:  # label_and_comment: labels scored by the causal LM
-        from loracls.inference.commenter import Commenter
-
-        classifier = Commenter(run_path, log, batch_size, device)
-    else:
-        classifier = Classifier(run_path, log, batch_size, device, precision)
+    classifier = engine_for(run_path, log, batch_size, device, precision, engine)
     if data is None:
         split = load_dataset(config).test
     else:
@@ -41,15 +68,19 @@ def evaluate(
 
 
 def predictor(
-    run_path: str, log=print, batch_size: int | None = None, device: str | None = None, precision: str | None = None
+    run_path: str,
+    log=print,
+    batch_size: int | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+    engine: str = "torch",
 ) -> Callable[[list[str]], list[dict]]:
     """texts -> prediction rows (`text`, `prediction`, `probabilities`; label_and_comment adds `comment`), with
     the run's model loaded once."""
-    if problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative:
-        from loracls.inference.commenter import Commenter
-
-        return Commenter(run_path, log, batch_size, device).predict
-    classifier = Classifier(run_path, log, batch_size, device, precision)
+    runs.check_run_dir(run_path)
+    classifier = engine_for(run_path, log, batch_size, device, precision, engine)
+    if getattr(classifier, "writes_comments", False):
+        return classifier.predict
 
     def rows(texts: list[str]) -> list[dict]:
         probs = classifier.probabilities(texts)
@@ -65,9 +96,10 @@ def predict(
     batch_size: int | None = None,
     device: str | None = None,
     precision: str | None = None,
+    engine: str = "torch",
 ) -> list[dict]:
     if not texts:
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
-    return predictor(run_path, log, batch_size, device, precision)(texts)
+    return predictor(run_path, log, batch_size, device, precision, engine)(texts)
