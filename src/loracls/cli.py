@@ -66,6 +66,8 @@ def cmd_predict(args) -> None:
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
     if args.resume and not (args.file and args.out):
         raise LoraclsError("predict: --resume continues an interrupted --file IN --out OUT call; give both")
+    if args.engine == "ray":
+        return _predict_with_ray(args)
     if args.text:
         rows = predict(args.run, args.text, log, args.batch_size, args.device, args.precision, args.engine)
         if args.out:
@@ -80,6 +82,18 @@ def cmd_predict(args) -> None:
         predict_file(score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
     else:
         stream_to_stdout(score, args.file, text_column, args.chunk_rows)
+
+
+def _predict_with_ray(args) -> None:
+    from loracls import runs
+    from loracls.inference.ray_predict import predict_with_ray
+
+    if not (args.file and args.out) or args.resume:
+        raise LoraclsError("predict --engine ray: give --file IN and --out DIR (no --resume: Ray retries failed tasks)")
+    text_column = runs.read_config(runs.check_run_dir(args.run)).text_column
+    predict_with_ray(
+        args.run, args.file, args.out, text_column, args.address, args.workers, args.chunk_rows, args.batch_size, log
+    )
 
 
 def cmd_serve(args) -> None:
@@ -209,10 +223,10 @@ def _inference_options(parser) -> None:
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="override the run's precision")
     parser.add_argument(
         "--engine",
-        choices=["torch", "onnx", "onnx-int8"],
+        choices=["torch", "onnx", "onnx-int8", "ray"],
         default="torch",
         help="torch (default); onnx / onnx-int8: the run's ONNX export (export --format onnx [--quantize int8]) "
-        "through onnxruntime on the CPU",
+        "through onnxruntime on the CPU; ray (predict --file --out): Ray Data over a pool of torch engines",
     )
 
 
@@ -301,6 +315,8 @@ def _run_commands(sub) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted --file IN --out OUT call")
     p.add_argument("--chunk-rows", type=_positive, default=10_000, help="rows read, scored and written at a time")
+    p.add_argument("--address", help="--engine ray: the cluster to join (auto, ray://host:10001); none: a local Ray")
+    p.add_argument("--workers", type=_positive, default=2, help="--engine ray: actors, each loading the model once")
     p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
     _inference_options(p)
     p.set_defaults(func=cmd_predict)

@@ -1,3 +1,4 @@
-"""Data: read tables, check and split them, tokenize and batch (the first stage; imports only the core)."""
+"""Data: read tables, check and split them, tokenize and batch, and read texts to score in chunks (the first
+stage; imports only the core)."""
 
-__all__ = ["tables", "splits", "batching"]
+__all__ = ["tables", "splits", "batching", "text_chunks"]

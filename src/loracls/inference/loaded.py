@@ -24,6 +24,8 @@ def engine_for(
 ):
     """The engine a command runs: PyTorch (the merged model, or base + adapter merged in memory; a
     label_and_comment run's causal LM), or a run's ONNX export through onnxruntime (`onnx`, `onnx-int8`)."""
+    if engine == "ray":
+        raise LoraclsError("--engine ray scores a file: predict RUN --file IN --out DIR --engine ray")
     generative = False
     if (Path(run_path) / runs.CONFIG).is_file():
         generative = problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative
