@@ -38,7 +38,7 @@ def test_ray_predict_equals_the_local_engine(trained_runs, tmp_path, capsys):
 def test_ray_predict_refusals_are_one_line_before_ray_starts(trained_runs, tmp_path, capsys):
     run = str(trained_runs["gemma3"])
     bad = tmp_path / "bad.csv"
-    pd.DataFrame({"text": ["fine", " ", "ok"]}).to_csv(bad, index=False)
+    pd.DataFrame({"text": ["fine", " ", "ok"], "id": [1, 2, 3]}).to_csv(bad, index=False)
     text = tmp_path / "in.txt"
     text.write_text("one\ntwo\n")
     cases = [

@@ -8,6 +8,8 @@ With no `--address` a local Ray starts for the call and stops after it; `--addre
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts
@@ -49,6 +51,7 @@ def predict_with_ray(
 ) -> int:
     """Scores every text of `file` into the Parquet folder `out`; the number of rows written."""
     try:
+        import pyarrow.dataset
         import ray
         import ray.data
     except ImportError:
@@ -65,10 +68,14 @@ def predict_with_ray(
         raise LoraclsError(f"predict: {out} exists; remove it first (Ray writes a new folder)")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # a local Ray gets a logical CPU beyond the actors' own, for the read and write tasks
+        cpus = None if address else max(os.cpu_count() or 1, workers + 1)
+        ray.init(address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True  # the output's rows in the input's order
+        context.enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
         dataset = getattr(ray.data, reader)(path)
         dataset = dataset.select_columns([column]).rename_columns({column: "text"})
         scored = dataset.map_batches(
@@ -76,11 +83,11 @@ def predict_with_ray(
             fn_constructor_args=(str(Path(run).resolve()), batch_size, "torch"),
             batch_size=batch_rows,
             batch_format="numpy",
-            concurrency=workers,
+            compute=ray.data.ActorPoolStrategy(size=workers),
             num_cpus=1,
         )
         scored.write_parquet(str(Path(out).resolve()))
-        rows = ray.data.read_parquet(str(Path(out).resolve())).count()
+        rows = pyarrow.dataset.dataset(str(Path(out).resolve()), format="parquet").count_rows()
     finally:
         if started_here:
             ray.shutdown()
