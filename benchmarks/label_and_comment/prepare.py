@@ -5,10 +5,10 @@ Each noun sense (synset) has a lexicographer file (its category: noun.act, noun.
 written by WordNet's lexicographers and, for about one in ten, example sentences. One row per sense with an
 example, in the six largest categories:
 
-- text: the sense's first word and its first example, e.g. `bank: "he cashed a check at the bank"`;
+- text: the sense's first word and its first example, e.g.
+  `paper feed: "the job was delayed because the paper feed was clogged"`;
 - label: the category (act, communication, attribute, artifact, cognition, person);
-- comment: the definition, e.g. `a financial institution that accepts deposits and channels the money into
-  lending activities`.
+- comment: the definition, e.g. `a device for inserting sheets of paper into a printer or typewriter`.
 
 Usage: python3 benchmarks/label_and_comment/prepare.py OUT_DIR  (writes OUT_DIR/wordnet_senses.csv)
 """
