@@ -113,10 +113,10 @@ def test_int8_onnx_export_is_checked_against_fp32(run_copy, capsys):
         and int8["reference_accuracy"] == json.loads((run_copy / "metrics.json").read_text())["test"]["accuracy"]
     )  # fp32 PyTorch on the test split: the run's own figure
     assert json.loads((run_copy / "onnx" / "export_check.int8.json").read_text()) == int8
-    # the int8 weights are smaller than the fp32 ones (the tiny model's embeddings stay fp32, so not 4x)
+    # the int8 weights are smaller than the fp32 ones (the embeddings stay fp32, so not 4x)
     folder = run_copy / "onnx"
     fp32_bytes = sum(p.stat().st_size for p in folder.glob("model.onnx*"))
-    assert (folder / "model.int8.onnx").stat().st_size < fp32_bytes
+    assert sum(p.stat().st_size for p in folder.glob("model.int8.onnx*")) < fp32_bytes
     # the exports as engines: evaluate, predict and serve run them through onnxruntime
     capsys.readouterr()
     assert main(["evaluate", str(run_copy), "--engine", "onnx-int8"]) == 0

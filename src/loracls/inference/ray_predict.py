@@ -70,6 +70,8 @@ def predict_with_ray(
     if started_here:
         # a local Ray gets a logical CPU beyond the actors' own, for the read and write tasks
         cpus = None if address else max(os.cpu_count() or 1, workers + 1)
+        if not address:  # Ray starts its workers at nice 15: on a busy machine the actors that score would starve
+            os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         context = ray.data.DataContext.get_current()
