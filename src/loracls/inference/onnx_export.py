@@ -144,11 +144,10 @@ def export_onnx(
         )
     if quantize is None:
         return [check]
-    labels = load_dataset(config).test.labels
-    return [check, _quantized(target, classifier, encoded, a, labels, torch_seconds, log)]
+    return [check, _quantized(target, classifier, encoded, a, test, torch_seconds, log)]
 
 
-def _quantized(target: Path, classifier, encoded, reference: np.ndarray, labels, reference_seconds, log) -> ExportCheck:
+def _quantized(target: Path, classifier, encoded, reference: np.ndarray, test, reference_seconds, log) -> ExportCheck:
     """model.int8.onnx beside model.onnx: int8 weights for every MatMul, in blocks of 128 with a scale each
     (onnxruntime's MatMulNBitsQuantizer, bits=8, accuracy_level 4: int8 products inside the kernel), checked
     against fp32 PyTorch on the test split: label agreement, the accuracy change and the largest probability
@@ -171,9 +170,9 @@ def _quantized(target: Path, classifier, encoded, reference: np.ndarray, labels,
     logits = _onnx_logits(session, encoded.ids, classifier.tokenizer.pad_token_id, classifier.batch_size)
     seconds = time.perf_counter() - started
     probs = classifier.calibrated(encoded.per_text(logits))
-    texts, decision, id2label = [""] * len(labels), classifier.decision, classifier.id2label
+    decision, id2label = classifier.decision, classifier.id2label
     accuracy, reference_accuracy = (
-        evaluation(texts, labels, p, id2label, decision).metrics.accuracy for p in (probs, reference)
+        evaluation(test.texts, test.labels, p, id2label, decision).metrics.accuracy for p in (probs, reference)
     )
     check = dataclasses.replace(
         compare_predictions(reference, probs, "int8", decision),

@@ -119,8 +119,8 @@ def predict_file(
     progress = _resumed(output, source, run, chunk_rows) if resume else _fresh(output, source, run, chunk_rows)
     with files.exclusive(output.lock_path, wait=False, what=f"the output {out}"):
         try:
-            if not resume and output.exists():  # made by another call since the check above
-                raise LoraclsError(f"predict: {output.path} exists; --resume continues it, or remove it first")
+            if not resume:
+                _refuse_existing(output)  # made by another call since the check above
             output.begin(progress)
             written = _score_chunks(score, source, output, progress, log)
             output.progress_path.unlink(missing_ok=True)
@@ -171,9 +171,13 @@ def _fingerprint(source: TextColumn, run: str, chunk_rows: int) -> dict:
     }
 
 
-def _fresh(output, source: TextColumn, run: str, chunk_rows: int) -> StreamProgress:
+def _refuse_existing(output) -> None:
     if output.exists():
         raise LoraclsError(f"predict: {output.path} exists; --resume continues it, or remove it first")
+
+
+def _fresh(output, source: TextColumn, run: str, chunk_rows: int) -> StreamProgress:
+    _refuse_existing(output)
     total = check_texts(source, chunk_rows)  # every text checked before the output is made
     return StreamProgress(**_fingerprint(source, run, chunk_rows), total_rows=total)
 
