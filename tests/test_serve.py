@@ -22,8 +22,9 @@ LIMIT = 600  # seconds: only against a hang
 
 class Server:
     def __init__(self, run, *options):
+        served = [str(path) for path in run] if isinstance(run, list | tuple) else [str(run)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "loracls", "serve", str(run), "--port", "0", *options],
+            [sys.executable, "-m", "loracls", "serve", *served, "--port", "0", *options],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -182,7 +183,7 @@ def test_sigterm_answers_every_request_in_flight_and_exits_zero(trained_runs):
 def _batcher(max_batch_size, max_queue=1000):
     seen = []
 
-    def score(ids):
+    def score(ids, models):
         seen.append(len(ids))
         return np.array([[float(len(x)), 0.0] for x in ids])
 

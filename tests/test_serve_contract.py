@@ -217,7 +217,7 @@ def test_openapi_documents_every_route_field_and_status():
     paths = spec.json()["paths"]
     assert {"/classify", "/predict", "/health", "/info", "/metrics"} <= set(paths)
     assert set(paths["/classify"]["post"]["responses"]) == {"200", "404", "413", "422", "429", "500"}
-    assert set(paths["/predict"]["post"]["responses"]) == {"200", "413", "422", "429", "500"}
+    assert set(paths["/predict"]["post"]["responses"]) == {"200", "404", "413", "422", "429", "500"}
     schemas = spec.json()["components"]["schemas"]
     assert {"ClassifyRequest", "ClassifyResponse", "ErrorResponse", "PredictRequest", "InfoResponse"} <= set(schemas)
     assert set(schemas["ErrorResponse"]["properties"]) == {"error", "error_type"}

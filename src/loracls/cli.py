@@ -100,8 +100,14 @@ def cmd_serve(args) -> None:
     from loracls.inference.loaded import engine_for
     from loracls.inference.server import serve
 
-    # a run directory or a merged model directory; label_and_comment: labels scored, comments written
-    classifier = engine_for(args.run, log, args.max_batch_size, args.device, args.precision, args.engine)
+    if len(args.run) > 1:  # several runs on one base: the base loaded once, each run's LoRA unmerged
+        from loracls.inference.adapters import AdapterSet
+
+        if args.engine != "torch":
+            raise LoraclsError(f"serve: several runs are served by --engine torch, not {args.engine}")
+        classifier = AdapterSet(args.run, log, args.max_batch_size, args.device, args.precision)
+    else:  # a run directory or a merged model directory; label_and_comment: labels scored, comments written
+        classifier = engine_for(args.run[0], log, args.max_batch_size, args.device, args.precision, args.engine)
     serve(
         classifier,
         args.host,
@@ -322,7 +328,12 @@ def _run_commands(sub) -> None:
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("serve", help="serve a run over HTTP (vLLM /classify and TEI /predict shapes)")
-    p.add_argument("run", help="a finished run directory or a merged model directory")
+    p.add_argument(
+        "run",
+        nargs="+",
+        help="a finished run directory or a merged model directory; several runs on one base model: the base "
+        "is loaded once and each run's LoRA and head unmerged (requests pick one by its `model` name)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (the one taken is printed)")
     p.add_argument("--max-batch-size", type=_positive, default=64, help="texts per forward pass")

@@ -1,6 +1,7 @@
 """Dynamic batching for the server: texts from concurrent requests are gathered (up to `max_batch_size` texts,
 or `max_wait_ms` after the first one arrived), run in one forward pass sorted by length, and each request gets
-its own rows back. The model runs in one worker thread, so the event loop never blocks on it."""
+its own rows back. The model runs in one worker thread, so the event loop never blocks on it. Each request
+names the model (run) its rows are for; a batch may mix runs (`score(ids, models)` gets one name a row)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ class TooLarge(Exception):
 @dataclass
 class _Pending:
     ids: list[list[int]]
+    model: str | None
     future: asyncio.Future
 
 
 class Batcher:
     def __init__(
         self,
-        score: Callable[[list[list[int]]], np.ndarray],
+        score: Callable[[list[list[int]], list[str | None]], np.ndarray | list[np.ndarray]],
         max_batch_size: int,
         max_wait_ms: float,
         max_queue: int,
@@ -55,8 +57,8 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    async def submit(self, ids: list[list[int]]) -> np.ndarray:
-        """Logits for `ids` (one row per text), computed in some batch with other requests' texts."""
+    async def submit(self, ids: list[list[int]], model: str | None = None) -> np.ndarray:
+        """Logits for `ids` (one row per text) by `model`, computed in some batch with other requests' texts."""
         if len(ids) > self.max_queue:
             raise TooLarge(
                 f"{len(ids)} texts (or windows of long texts) in one request; the queue holds at most {self.max_queue}"
@@ -65,7 +67,7 @@ class Batcher:
             raise Overloaded(f"{self.queued_texts} texts are queued (limit {self.max_queue})")
         future = asyncio.get_running_loop().create_future()
         self.queued_texts += len(ids)
-        await self._queue.put(_Pending(ids, future))
+        await self._queue.put(_Pending(ids, model, future))
         return await future
 
     async def _gather(self) -> list[_Pending]:
@@ -92,8 +94,9 @@ class Batcher:
         while True:
             batch = await self._gather()
             ids = [x for pending in batch for x in pending.ids]
+            models = [pending.model for pending in batch for _ in pending.ids]
             try:
-                logits = await loop.run_in_executor(self._executor, self.score, ids)
+                logits = await loop.run_in_executor(self._executor, self.score, ids, models)
             except Exception as exc:  # answered to every request of the batch; the worker goes on
                 for pending in batch:
                     if not pending.future.done():
@@ -102,7 +105,7 @@ class Batcher:
                 offset = 0
                 for pending in batch:
                     if not pending.future.done():
-                        pending.future.set_result(logits[offset : offset + len(pending.ids)])
+                        pending.future.set_result(np.asarray(logits[offset : offset + len(pending.ids)]))
                     offset += len(pending.ids)
                 self.on_batch(len(ids))
             finally:

@@ -20,7 +20,41 @@ from loracls.model.speedups import store_frozen_linears_in
 from loracls.model.tokenizer import load_tokenizer
 
 
-class Classifier:
+class RunFormat:
+    """What a served run is beyond its weights: labels, the input format trained with (template, max_length,
+    long_text) and the decision fitted on validation. `Classifier` and each run of an `AdapterSet` share it."""
+
+    def _setup_format(self, path) -> None:
+        self.labels = [self.id2label[i] for i in range(len(self.id2label))]
+        thresholds = self.decision.thresholds
+        if thresholds is not None and len(thresholds) != len(self.labels):
+            raise LoraclsError(f"{path}: {len(thresholds)} thresholds saved for {len(self.labels)} labels")
+        self.encoder = TextEncoder(
+            self.tokenizer, self.max_length, self.input_template, self.long_text, self.chunk_stride
+        )
+
+    @property
+    def precision(self) -> str:
+        return str(self.runtime.dtype).replace("torch.", "")
+
+    def encode(self, texts: list[str]) -> Encoded:
+        """Token ids under the run's long_text policy (one row per text, or per window of a long text)."""
+        return self.encoder.encode(texts)
+
+    @property
+    def temperature(self) -> float:
+        return self.decision.temperature
+
+    def calibrated(self, logits: np.ndarray) -> np.ndarray:
+        """Probabilities as fitted after training: softmax at the temperature, or a sigmoid per label."""
+        return self.decision.probabilities(logits)
+
+    def predicted(self, probs_row: np.ndarray) -> str | list[str]:
+        """One text's label, or (multi_label) its list of labels at or above their thresholds."""
+        return self.decision.label_of(probs_row, self.id2label)
+
+
+class Classifier(RunFormat):
     def __init__(
         self,
         path: str,
@@ -41,13 +75,7 @@ class Classifier:
             param.requires_grad_(False)
         store_frozen_linears_in(self.model, self.runtime.dtype)  # no per-batch cast under autocast
         self.model.to(self.runtime.device).eval()
-        self.labels = [self.id2label[i] for i in range(len(self.id2label))]
-        thresholds = self.decision.thresholds
-        if thresholds is not None and len(thresholds) != len(self.labels):
-            raise LoraclsError(f"{path}: {len(thresholds)} thresholds saved for {len(self.labels)} labels")
-        self.encoder = TextEncoder(
-            self.tokenizer, self.max_length, self.input_template, self.long_text, self.chunk_stride
-        )
+        self._setup_format(path)
 
     def _from_run(self, run: Path, log, device: str | None, precision: str | None) -> None:
         runs.check_run_dir(str(run))
@@ -89,31 +117,11 @@ class Classifier:
         self.batch_size = 32
         self.runtime = setup_runtime(device or "auto", precision or "auto", None)
 
-    @property
-    def precision(self) -> str:
-        return str(self.runtime.dtype).replace("torch.", "")
-
-    def encode(self, texts: list[str]) -> Encoded:
-        """Token ids under the run's long_text policy (one row per text, or per window of a long text)."""
-        return self.encoder.encode(texts)
-
     def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray:
         """Row logits; `max_tokens` caps the padded tokens of one forward pass (the server's mixed batches)."""
         return predict_logits(
             self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress, max_tokens
         )
-
-    @property
-    def temperature(self) -> float:
-        return self.decision.temperature
-
-    def calibrated(self, logits: np.ndarray) -> np.ndarray:
-        """Probabilities as fitted after training: softmax at the temperature, or a sigmoid per label."""
-        return self.decision.probabilities(logits)
-
-    def predicted(self, probs_row: np.ndarray) -> str | list[str]:
-        """One text's label, or (multi_label) its list of labels at or above their thresholds."""
-        return self.decision.label_of(probs_row, self.id2label)
 
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
         encoded = self.encode(texts)

@@ -3,7 +3,8 @@ answers (so `/openapi.json` documents them all). The shapes are vLLM's (`/classi
 text-embeddings-inference's (`/predict`, and its error body `{"error", "error_type"}` with TEI's codes).
 
 Statuses (error_type):
-- 404 (NotFound): an unknown route, or `/classify` naming a `model` that is not the served one
+- 404 (NotFound): an unknown route, or a `model` that is not served (`/classify`'s field; `/predict`'s and
+  `/info`'s `model` query or `X-Model` header)
 - 405 (MethodNotAllowed): a known route with another method
 - 413 (Validation): a body over `--max-body-bytes`; more texts than `--max-client-batch-size` or than the
   queue can ever hold; a text over max_length with `"truncate": false`
@@ -29,6 +30,8 @@ __all__ = [
     "ErrorResponse",
     "HealthResponse",
     "InfoResponse",
+    "ModelCard",
+    "ModelList",
     "ERRORS",
     "check_texts",
 ]
@@ -54,7 +57,9 @@ def check_texts(value: TextOrTexts) -> TextOrTexts:
 class ClassifyRequest(BaseModel):
     """vLLM's classification request."""
 
-    model: str | None = Field(None, description="the served model's name (`GET /info`); another name is a 404")
+    model: str | None = Field(
+        None, description="the run to ask, by name (`GET /v1/models`); none: the first served; another name is a 404"
+    )
     input: TextOrTexts = Field(description="one text or a list of texts")
 
     _texts = field_validator("input")(classmethod(lambda cls, value: check_texts(value)))
@@ -133,8 +138,23 @@ class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+class ModelCard(BaseModel):
+    """One served run, as vLLM and OpenAI list models."""
+
+    id: str = Field(description="the run's name: the `model` a request gives")
+    object: Literal["model"] = "model"
+    owned_by: str = "loracls"
+    root: str = Field(description="what it was loaded from")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
 class InfoResponse(BaseModel):
     model: str
+    models: list[str] = Field(description="every run this server serves (several: one base, LoRA unmerged)")
     source: str
     labels: list[str]
     max_length: int
@@ -164,6 +184,7 @@ def _documented(*codes: int) -> dict:
 
 ERRORS = {
     "classify": _documented(404, 413, 422, 429, 500),
-    "predict": _documented(413, 422, 429, 500),
+    "predict": _documented(404, 413, 422, 429, 500),
+    "info": _documented(404),
     "generate": _documented(404, 413, 422, 429, 500),
 }

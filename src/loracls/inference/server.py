@@ -24,14 +24,15 @@ import uuid
 from contextlib import asynccontextmanager
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from loracls.errors import first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
+from loracls.inference.http import BodyLimit, ServerMetrics, error, listening_socket
 from loracls.inference.protocol import (
     ERRORS,
     ClassifyRequest,
@@ -41,6 +42,8 @@ from loracls.inference.protocol import (
     HealthResponse,
     InfoResponse,
     LabelScore,
+    ModelCard,
+    ModelList,
     PredictRequest,
 )
 
@@ -50,65 +53,34 @@ SERVE_MAX_TOKENS = 512
 MAX_CLIENT_BATCH_SIZE = 32  # TEI's default: texts in one request
 
 
-def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
-
-
-class _Metrics:
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        self.requests = Counter("loracls_requests", "HTTP requests", ["route", "status"], registry=self.registry)
-        self.texts = Counter("loracls_texts", "texts classified", registry=self.registry)
-        self.batch_size = Histogram(
-            "loracls_batch_size",
-            "texts per forward pass",
-            registry=self.registry,
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
-        )
-        self.latency = Histogram(
-            "loracls_request_latency_seconds",
-            "request latency",
-            ["route"],
-            registry=self.registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
-        self.queued = Gauge("loracls_queued_texts", "texts waiting or in the model", registry=self.registry)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets a JSON 413 before any of it is parsed."""
-
-    class _TooLarge(Exception):
-        pass
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        too_large = error(413, "PayloadTooLarge", f"request body over {self.limit} bytes")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await too_large(scope, receive, send)
-        received = 0
-
-        async def counted():
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                raise BodyLimit._TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except BodyLimit._TooLarge:
-            await too_large(scope, receive, send)
-
-
 class _TooManyTexts(Exception):
     """A request with more texts than max_client_batch_size (HTTP 413)."""
+
+
+class _UnknownModel(Exception):
+    """A request naming a model this server does not serve (HTTP 404)."""
+
+
+class Served:
+    """The runs one server answers for: one engine (a run, a merged model, an ONNX export, a
+    label_and_comment run), or an AdapterSet's runs on one shared base. `pick` finds a request's run (none
+    named: the first), and `score(ids, models)` computes rows of any mix of them in one batch."""
+
+    def __init__(self, engine):
+        self.runs = dict(getattr(engine, "runs", None) or {engine.name: engine})
+        self.first = next(iter(self.runs.values()))
+        if hasattr(engine, "runs"):
+            self.score = functools.partial(engine.logits, max_tokens=SERVE_MAX_TOKENS)
+        else:
+            self.score = lambda ids, models: engine.logits(ids, max_tokens=SERVE_MAX_TOKENS)
+
+    def pick(self, name: str | None):
+        if name is None:
+            return self.first
+        if name not in self.runs:
+            served = ", ".join(f"`{known}`" for known in self.runs)
+            raise _UnknownModel(f"The model `{name}` does not exist; this server serves {served}")
+        return self.runs[name]
 
 
 def create_app(
@@ -119,9 +91,8 @@ def create_app(
     max_body_bytes: int = 4 * 2**20,
     max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE,
 ) -> FastAPI:
-    metrics = _Metrics()
-    score = functools.partial(classifier.logits, max_tokens=SERVE_MAX_TOKENS)
-    batcher = Batcher(score, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
+    metrics, served = ServerMetrics(), Served(classifier)
+    batcher = Batcher(served.score, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
     metrics.queued.set_function(lambda: batcher.queued_texts)
 
     @asynccontextmanager
@@ -133,7 +104,7 @@ def create_app(
     app = FastAPI(title="loracls", lifespan=lifespan)
     app.state.batcher, app.state.metrics = batcher, metrics
     app.state.max_client_batch_size = max_client_batch_size
-    _routes(app, classifier, batcher, metrics)
+    _routes(app, served, batcher, metrics)
     _error_handlers(app)
 
     @app.middleware("http")
@@ -156,11 +127,11 @@ def create_app(
     return BodyLimit(app, max_body_bytes)
 
 
-async def _logits(batcher: Batcher, encoded, metrics) -> np.ndarray:
-    """Per-text logits, computed in some batch with other requests' texts (a long text's windows averaged
-    under long_text: chunks)."""
-    logits = encoded.per_text(await batcher.submit(encoded.ids))
-    metrics.texts.inc(len(encoded.long))
+async def _logits(batcher: Batcher, classifier, encoded, metrics) -> np.ndarray:
+    """Per-text logits by `classifier` (one served run), computed in some batch with other requests' texts (a
+    long text's windows averaged under long_text: chunks)."""
+    logits = encoded.per_text(await batcher.submit(encoded.ids, classifier.name))
+    metrics.texts.labels(classifier.name).inc(len(encoded.long))
     return logits
 
 
@@ -197,20 +168,15 @@ def _texts(app: FastAPI, value: str | list[str]) -> list[str]:
     return texts
 
 
-def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
-    labels = classifier.labels
-
+def _routes(app: FastAPI, served: Served, batcher: Batcher, metrics) -> None:
     @app.post(
         "/classify", response_model=ClassifyResponse, response_model_exclude_none=True, responses=ERRORS["classify"]
     )
     async def classify(body: ClassifyRequest):
-        if body.model is not None and body.model != classifier.name:
-            return error(
-                404, "NotFound", f"The model `{body.model}` does not exist; this server serves `{classifier.name}`"
-            )
+        classifier = served.pick(body.model)
         texts = _texts(app, body.input)
         encoded = classifier.encode(texts)
-        probs = classifier.calibrated(await _logits(batcher, encoded, metrics))
+        probs = classifier.calibrated(await _logits(batcher, classifier, encoded, metrics))
         items = [_classified(classifier, i, row) for i, row in enumerate(probs)]
         if getattr(classifier, "writes_comments", False):  # label_and_comment: generated after the label
             chosen = classifier.decision.chosen(probs)
@@ -226,7 +192,12 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
         }
 
     @app.post("/predict", response_model=list[LabelScore] | list[list[LabelScore]], responses=ERRORS["predict"])
-    async def predict(body: PredictRequest):
+    async def predict(
+        body: PredictRequest,
+        model: str | None = Query(None, description="the run to ask (`GET /v1/models`); none: the first served"),
+        x_model: str | None = Header(None, description="the same as the `model` query, for clients that set headers"),
+    ):
+        classifier = served.pick(model or x_model)
         single = isinstance(body.inputs, str)
         encoded = classifier.encode(_texts(app, body.inputs))
         if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
@@ -236,8 +207,9 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
                 f"input {encoded.long.index(True)} is longer than max_length "
                 f"{classifier.max_length} tokens and truncate is false",
             )
-        logits = await _logits(batcher, encoded, metrics)
+        logits = await _logits(batcher, classifier, encoded, metrics)
         scores = logits if body.raw_scores else classifier.calibrated(logits)
+        labels = classifier.labels
         rows = [
             sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
             for row in np.asarray(scores)
@@ -248,12 +220,13 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     @app.post("/generate", response_model=list[Generated], responses=ERRORS["generate"])
     async def generate(body: GenerateRequest):
         """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it."""
+        classifier = served.first
         if not getattr(classifier, "writes_comments", False):
             return error(
                 404, "NotFound", f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs"
             )
-        texts = _texts(app, body.inputs)
-        probs = classifier.calibrated(await _logits(batcher, classifier.encode(texts), metrics))
+        texts, labels = _texts(app, body.inputs), classifier.labels
+        probs = classifier.calibrated(await _logits(batcher, classifier, classifier.encode(texts), metrics))
         chosen = classifier.decision.chosen(probs)
         comments = await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
         return [
@@ -265,12 +238,19 @@ def _routes(app: FastAPI, classifier, batcher: Batcher, metrics) -> None:
     async def health():
         return {"status": "ok"}
 
-    @app.get("/info", response_model=InfoResponse)
-    async def info():
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        """The served runs, as vLLM and OpenAI list models."""
+        return {"object": "list", "data": [ModelCard(id=name, root=run.source) for name, run in served.runs.items()]}
+
+    @app.get("/info", response_model=InfoResponse, responses=ERRORS["info"])
+    async def info(model: str | None = Query(None, description="the run to describe; none: the first served")):
+        classifier = served.pick(model)
         return {
             "model": classifier.name,
+            "models": list(served.runs),
             "source": classifier.source,
-            "labels": labels,
+            "labels": classifier.labels,
             "max_length": classifier.max_length,
             "input_template": classifier.input_template,
             "problem": classifier.decision.problem,
@@ -314,23 +294,13 @@ def _error_handlers(app: FastAPI) -> None:
     async def too_large(request: Request, exc: Exception):
         return error(413, "Validation", str(exc))
 
+    @app.exception_handler(_UnknownModel)
+    async def unknown_model(request: Request, exc: _UnknownModel):
+        return error(404, "NotFound", str(exc))
+
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
         return error(429, "Overloaded", f"server busy: {exc}; retry later", headers={"Retry-After": "1"})
-
-
-def listening_socket(host: str, port: int):
-    """A bound TCP socket. Its proto must say TCP (not 0): asyncio sets TCP_NODELAY only on accepted sockets
-    that do, and without it every response waited ~40 ms for Nagle's algorithm and the client's delayed ACK
-    (measured here: GET /health 44 ms, 1.9 ms with it; POST /classify 140 ms, 91 ms)."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    return sock
 
 
 def serve(
@@ -352,9 +322,11 @@ def serve(
     app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes, max_client_batch_size)
     sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
     bound = sock.getsockname()[1]
+    runs = Served(classifier).runs
+    first = next(iter(runs.values()))
     log(
-        f"serve: {classifier.name} ({', '.join(classifier.labels)}) on {classifier.runtime.device}, "
-        f"{classifier.precision}; listening on http://{host}:{bound} (max batch {max_batch_size}, "
+        f"serve: {'; '.join(f'{name} ({chr(44).join(run.labels)})' for name, run in runs.items())} on "
+        f"{first.runtime.device}, {first.precision}; listening on http://{host}:{bound} (max batch {max_batch_size}, "
         f"max wait {max_wait_ms:g} ms)"
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))

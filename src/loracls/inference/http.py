@@ -1,0 +1,80 @@
+"""The HTTP pieces under `loracls serve` that know nothing of models: TEI's error body, the Prometheus
+metrics, the request-body limit and the listening socket."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.responses import JSONResponse
+
+__all__ = ["error", "ServerMetrics", "BodyLimit", "listening_socket"]
+
+
+def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
+
+
+class ServerMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("loracls_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.texts = Counter("loracls_texts", "texts classified", ["model"], registry=self.registry)
+        self.batch_size = Histogram(
+            "loracls_batch_size",
+            "texts per forward pass",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        )
+        self.latency = Histogram(
+            "loracls_request_latency_seconds",
+            "request latency",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.queued = Gauge("loracls_queued_texts", "texts waiting or in the model", registry=self.registry)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets a JSON 413 before any of it is parsed."""
+
+    class _TooLarge(Exception):
+        pass
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = error(413, "PayloadTooLarge", f"request body over {self.limit} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_large(scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise BodyLimit._TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except BodyLimit._TooLarge:
+            await too_large(scope, receive, send)
+
+
+def listening_socket(host: str, port: int):
+    """A bound TCP socket. Its proto must say TCP (not 0): asyncio sets TCP_NODELAY only on accepted sockets
+    that do, and without it every response waited ~40 ms for Nagle's algorithm and the client's delayed ACK
+    (measured here: GET /health 44 ms, 1.9 ms with it; POST /classify 140 ms, 91 ms)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
