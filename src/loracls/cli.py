@@ -189,7 +189,7 @@ def cmd_sweep(args) -> None:
     from loracls.jobs.train import train
 
     grid = parse_grid(args.grid)
-    print(run_sweep(load_config(args.config, args.set), grid, train, log))
+    print(run_sweep(load_config(args.config, args.set), grid, train, log, _ray_options(args)))
 
 
 def cmd_tune(args) -> None:
@@ -205,7 +205,22 @@ def cmd_tune(args) -> None:
         raise LoraclsError(f"tune: config files need distinct names, got {', '.join(names)}")
     bases = [load_config(c, args.set) for c in configs]
     dims = parse_space(args.space)
-    print(run_tune(bases, names, dims, args.trials, train, log))
+    print(run_tune(bases, names, dims, args.trials, train, log, _ray_options(args)))
+
+
+def _ray_options(args):
+    """RayOptions for --engine ray (None: trials run here, one after another)."""
+    from loracls.jobs.ray_trials import RayOptions
+
+    if args.engine != "ray":
+        if args.address or args.cpus_per_trial or args.gpus_per_trial:
+            raise LoraclsError(f"{args.command}: --address, --cpus-per-trial and --gpus-per-trial go with --engine ray")
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # said before anything is written
+        raise LoraclsError(f"{args.command} --engine ray needs the ray extra: pip install 'loracls[ray]'")
+    return RayOptions(args.address, args.cpus_per_trial or 1, args.gpus_per_trial or 0)
 
 
 def cmd_report(args) -> None:
@@ -221,6 +236,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 64, got {value:g}")
     return value
 
 
@@ -277,6 +302,7 @@ def _job_commands(sub) -> None:
     p.add_argument("config", nargs="?")
     p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="values to combine")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    _trial_engine_options(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
@@ -294,7 +320,20 @@ def _job_commands(sub) -> None:
         "V1,V2,...; default: learning_rate, r, lora_alpha, target_modules, epochs, head_init",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every config")
+    _trial_engine_options(p)
     p.set_defaults(func=cmd_tune)
+
+
+def _trial_engine_options(parser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one run after another here; ray: each run a Ray Tune trial (the ray extra)",
+    )
+    parser.add_argument("--address", help="--engine ray: a running cluster (auto, ray://host:10001); none: a local Ray")
+    parser.add_argument("--cpus-per-trial", type=_positive, help="--engine ray: CPUs (and torch threads) a trial holds")
+    parser.add_argument("--gpus-per-trial", type=_fraction, help="--engine ray: GPUs a trial holds (0.5: two a GPU)")
 
 
 def _run_commands(sub) -> None:

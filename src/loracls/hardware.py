@@ -3,6 +3,7 @@ environment record written into every run directory."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -312,3 +313,33 @@ def memory_mb(device: torch.device) -> float:
             return int(fh.read().split()[1]) * 4096 / 2**20
     except OSError:
         return 0.0
+
+
+# --- Ray (the optional `ray` extra) -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, cpus: int | None = None, command: str = "--engine ray"):
+    """Ray for the length of a command: a cluster joined at `address` (`auto`, `ray://host:10001`), or with
+    none a local Ray with `cpus` logical CPUs, started here and stopped after. One `loracls:` line where
+    the `ray` extra is missing."""
+    try:
+        import ray
+    except ImportError:
+        raise LoraclsError(f"{command} needs the ray extra: pip install 'loracls[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if not address:  # Ray starts its workers at nice 15: on a busy machine they would starve
+            os.environ.setdefault("RAY_worker_niceness", "0")
+        ray.init(
+            address=address,
+            num_cpus=None if address else cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="WARNING",
+        )
+    try:
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()

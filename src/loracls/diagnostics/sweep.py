@@ -2,6 +2,9 @@
 
 Alternatives are separated by commas; a bracketed YAML list is one alternative:
 `--grid r=8,16,32 "target_modules=[q_proj,v_proj],[q_proj,k_proj,v_proj,o_proj]" train_size=1200,5000`.
+
+With `--engine ray` the grid is a Ray Tune grid search: each run a trial with its own resources, as many at
+once as the cluster holds (`loracls.jobs.ray_trials`); the same runs and the same table come out.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import os
 import time
 from dataclasses import asdict, astuple, dataclass, fields
 from pathlib import Path
@@ -97,13 +101,16 @@ def markdown_table(rows: list[SweepRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_sweep(base: Config, grid: dict[str, list], train, log=print) -> Path:
+def run_sweep(base: Config, grid: dict[str, list], train, log=print, ray=None) -> Path:
+    """Train every grid point (here one after another, or as Ray Tune trials with `ray`: RayOptions)."""
     points = combinations(base, grid)
     sweep_dir = Path(base.output_dir) / (base.run_name or time.strftime("sweep-%Y%m%d-%H%M%S"))
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise LoraclsError(f"sweep directory {sweep_dir} already exists and is not empty")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with runs.hold(sweep_dir):  # one writer per sweep directory
+        if ray is not None:
+            return _run_points_on_ray(sweep_dir, points, grid, train, ray, log)
         return _run_points(sweep_dir, points, grid, train, log)
 
 
@@ -115,12 +122,57 @@ def _run_points(sweep_dir: Path, points: list, grid: dict[str, list], train, log
         started = time.perf_counter()
         run = train(from_dict({"output_dir": str(sweep_dir), "run_name": name}, base=config), log)
         rows.append(_row(name, run, time.perf_counter() - started))
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
-        files.write_text(sweep_dir / "results.csv", buffer.getvalue())  # rewritten after every run
-        files.write_text(sweep_dir / "results.md", markdown_table(rows))
+        _write_rows(sweep_dir, rows)  # rewritten after every run
+    return _finish(sweep_dir, rows, grid, log)
+
+
+def _write_rows(sweep_dir: Path, rows: list[SweepRow]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(asdict(row) for row in rows)
+    files.write_text(sweep_dir / "results.csv", buffer.getvalue())
+    files.write_text(sweep_dir / "results.md", markdown_table(rows))
+
+
+def _finish(sweep_dir: Path, rows: list[SweepRow], grid: dict[str, list], log) -> Path:
     files.write_json(sweep_dir / "grid.json", grid)
     log("\n" + markdown_table(rows))
     return sweep_dir
+
+
+def _ray_point(params: dict, points: dict, sweep_dir: str, train, threads: int, cwd: str) -> dict:
+    """One Ray Tune trial: the grid point named in `params`, trained with the trial's CPU threads."""
+    from loracls.jobs.ray_trials import in_trial_dir
+
+    in_trial_dir(cwd)
+    name = params["point"]
+    started = time.perf_counter()
+    train(from_dict({"output_dir": sweep_dir, "run_name": name, "threads": threads}, base=points[name]), _quiet)
+    return {"seconds": time.perf_counter() - started}
+
+
+def _quiet(*_args, **_kwargs) -> None:
+    """A trial's run logs to its own train_log; the driver writes the table."""
+
+
+def _run_points_on_ray(sweep_dir: Path, points: list, grid: dict[str, list], train, ray, log) -> Path:
+    from loracls.jobs.ray_trials import run_trials
+
+    log(
+        f"sweep: {len(points)} runs in {sweep_dir} as Ray Tune trials "
+        f"({ray.cpus_per_trial} CPU(s) / {ray.gpus_per_trial:g} GPU(s) a trial)"
+    )
+    arguments = dict(points=dict(points), sweep_dir=str(sweep_dir.resolve()), train=train, threads=ray.cpus_per_trial)
+    results = run_trials(
+        _ray_point,
+        arguments | {"cwd": os.getcwd()},
+        sweep_dir,
+        ray,
+        param_space={"point": {"grid_search": [name for name, _ in points]}},  # Ray Tune's grid form
+        command="sweep --engine ray",
+    )
+    seconds = {result["config"]["point"]: result["seconds"] for result in results}
+    rows = [_row(name, sweep_dir / name, seconds[name]) for name, _ in points]
+    _write_rows(sweep_dir, rows)
+    return _finish(sweep_dir, rows, grid, log)

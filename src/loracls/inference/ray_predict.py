@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts
 from loracls.errors import LoraclsError
+from loracls.hardware import ray_session
 
 __all__ = ["predict_with_ray"]
 
@@ -66,14 +67,8 @@ def predict_with_ray(
         raise LoraclsError(f"--engine ray reads {', '.join(READERS)} files, not {file}")
     if Path(out).exists():
         raise LoraclsError(f"predict: {out} exists; remove it first (Ray writes a new folder)")
-    started_here = not ray.is_initialized()
-    if started_here:
-        # a local Ray gets a logical CPU beyond the actors' own, for the read and write tasks
-        cpus = None if address else max(os.cpu_count() or 1, workers + 1)
-        if not address:  # Ray starts its workers at nice 15: on a busy machine the actors that score would starve
-            os.environ.setdefault("RAY_worker_niceness", "0")
-        ray.init(address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    try:
+    # a local Ray gets a logical CPU beyond the actors' own, for the read and write tasks
+    with ray_session(address, max(os.cpu_count() or 1, workers + 1)):
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True  # the output's rows in the input's order
         context.enable_progress_bars = False
@@ -90,8 +85,5 @@ def predict_with_ray(
         )
         scored.write_parquet(str(Path(out).resolve()))
         rows = pyarrow.dataset.dataset(str(Path(out).resolve()), format="parquet").count_rows()
-    finally:
-        if started_here:
-            ray.shutdown()
     log(f"predict: {rows} rows in {out} (Ray Data, {workers} worker(s))")
     return rows

@@ -5,7 +5,8 @@ Each trial trains one run per config (data set) with the same sampled settings; 
 the configs of the best validation score (each config's `select_by`: accuracy, macro F1, or minus the loss),
 so a setting that helps one data set and hurts another does not win. The test split is never read for the
 search: every trial's results table holds validation scores only. The study lives in `study.db` (SQLite)
-inside the tune directory, so an interrupted search continues where it stopped when run again.
+inside the tune directory, so an interrupted search continues where it stopped when run again. With
+`--engine ray` each trial is a Ray Tune trial (`loracls.jobs.ray_trials`) sampled by the same Optuna study.
 
 A space is `key=spec` per setting: `log:LOW:HIGH` (a float on a log scale), `float:LOW:HIGH`, `int:LOW:HIGH`,
 or alternatives separated by commas as in `sweep` (a bracketed YAML list is one alternative).
@@ -14,9 +15,11 @@ or alternatives separated by commas as in `sweep` (a bracketed YAML list is one 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +56,18 @@ class Dimension:
     choices: list | None = None
 
     def suggest(self, trial):
-        if self.kind == "choice":  # Optuna stores plain values: every alternative travels as its JSON text
-            return json.loads(trial.suggest_categorical(self.key, [json.dumps(c) for c in self.choices]))
+        return self.decode(self.suggest_raw(trial))
+
+    def suggest_raw(self, trial):
+        """The value as Optuna stores it: every alternative travels as its JSON text."""
+        if self.kind == "choice":
+            return trial.suggest_categorical(self.key, [json.dumps(c) for c in self.choices])
         if self.kind == "int":
             return trial.suggest_int(self.key, int(self.low), int(self.high))
         return trial.suggest_float(self.key, self.low, self.high, log=self.kind == "log")
+
+    def decode(self, raw):
+        return json.loads(raw) if self.kind == "choice" else raw
 
 
 def _dimension(key: str, spec: str) -> Dimension:
@@ -115,54 +125,147 @@ def validation_score(run: Path, select_by: str) -> float:
     return -value if select_by == "loss" else value
 
 
+STUDY = "loracls"
+TRIAL_NUMBER = "optuna_trial"  # the Optuna trial's number, beside its values in a Ray trial's params
+
+
 def _trial_configs(bases: list[Config], names: list[str], values: dict, tune_dir: Path, number: int):
     trial_values = {**values, "baseline": False, "merge": False, "output_dir": str(tune_dir)}
     return [
-        (name, from_dict({**trial_values, "run_name": f"trial{number:03d}-{name}"}, base=base))
+        (name, from_dict({**trial_values, "run_name": _run_name(number, name)}, base=base))
         for base, name in zip(bases, names)
     ]
 
 
-def run_tune(bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log=print) -> Path:
-    """Run the study (continuing one already in the tune directory); returns the tune directory."""
+def _run_name(number: int, name: str) -> str:
+    return f"trial{number:03d}-{name}"
+
+
+def _trial_scores(bases, names, values: dict, tune_dir: Path, number: int, train, log) -> dict[str, float]:
+    """Train the trial's run on every data set (a run finished before is read, not retrained); the best
+    validation score of each."""
+    scores = {}
+    for name, config in _trial_configs(bases, names, values, tune_dir, number):
+        run = tune_dir / config.run_name
+        if not (run / runs.METRICS).is_file():
+            train(config, log)
+        scores[name] = validation_score(run, config.select_by)
+    return scores
+
+
+def _open_study(tune_dir: Path, seed: int):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(
+        study_name=STUDY,
+        storage=f"sqlite:///{tune_dir / 'study.db'}",
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+    )
+
+
+def run_tune(
+    bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log=print, ray=None
+) -> Path:
+    """Run the study (continuing one already in the tune directory), here or (`ray`: RayOptions) as Ray
+    Tune trials; returns the tune directory."""
     import optuna
 
     _check_space(bases, dims)
     first = bases[0]
-    tune_dir = Path(first.output_dir) / (first.run_name or "tune")
+    tune_dir = (Path(first.output_dir) / (first.run_name or "tune")).resolve()
     tune_dir.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name="loracls",
-        storage=f"sqlite:///{tune_dir / 'study.db'}",
-        load_if_exists=True,
-        direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=first.seed),
-    )
+    study = _open_study(tune_dir, first.seed)
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     log(
         f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
         + (f" ({done} done before)" if done else "")
+        + (f" on Ray, {ray.cpus_per_trial} CPU(s) / {ray.gpus_per_trial:g} GPU(s) a trial" if ray else "")
     )
+    remaining = max(trials - done, 0)
 
     def objective(trial) -> float:
         values = {dim.key: dim.suggest(trial) for dim in dims}
-        scores = []
-        for name, config in _trial_configs(bases, names, values, tune_dir, trial.number):
-            run = tune_dir / config.run_name
-            if not (run / runs.METRICS).is_file():
-                train(config, log)
-            scores.append(validation_score(run, config.select_by))
-            trial.set_user_attr(f"validation_{name}", scores[-1])
-        log(f"tune: trial {trial.number}: {values} -> mean validation {sum(scores) / len(scores):.4f}")
-        return sum(scores) / len(scores)
+        scores = _trial_scores(bases, names, values, tune_dir, trial.number, train, log)
+        mean = sum(scores.values()) / len(scores)
+        log(f"tune: trial {trial.number}: {values} -> mean validation {mean:.4f}")
+        return mean
 
-    study.optimize(objective, n_trials=max(trials - done, 0), catch=())
-    _write_results(study, tune_dir, dims, names)
+    if ray is None:
+        study.optimize(objective, n_trials=remaining, catch=())
+    elif remaining:
+        _optimize_on_ray(bases, names, dims, tune_dir, remaining, train, ray, log)
+    _write_results(_open_study(tune_dir, first.seed), tune_dir, dims, names, bases)
     return tune_dir
 
 
-def _write_results(study, tune_dir: Path, dims: list[Dimension], names: list[str]) -> None:
+def _suggest_numbered(dims: list[Dimension], trial) -> dict:
+    """OptunaSearch's define-by-run space: every dimension suggested, and the trial's number passed on."""
+    for dim in dims:
+        dim.suggest_raw(trial)
+    return {TRIAL_NUMBER: trial.number}
+
+
+def _ray_trial(params: dict, bases, names, dims, tune_dir: str, train, threads: int, cwd: str) -> dict:
+    """One Ray Tune trial: the sampled values decoded, a run per data set with the trial's CPU threads."""
+    from loracls.jobs.ray_trials import in_trial_dir
+
+    in_trial_dir(cwd)
+    values = {dim.key: dim.decode(params[dim.key]) for dim in dims}
+    number = params[TRIAL_NUMBER]
+    scores = _trial_scores(bases, names, values | {"threads": threads}, Path(tune_dir), number, train, _quiet)
+    return {"mean_validation": sum(scores.values()) / len(scores), "trial_number": number}
+
+
+def _quiet(*_args, **_kwargs) -> None:
+    """A trial's runs log to their own train_log; the driver logs one line a trial."""
+
+
+def _optimize_on_ray(bases, names, dims, tune_dir: Path, remaining: int, train, ray, log) -> None:
+    import optuna
+
+    from loracls.hardware import ray_session
+    from loracls.jobs.ray_trials import run_trials
+
+    with ray_session(ray.address, os.cpu_count(), "tune --engine ray"):
+        from ray.tune.search.optuna import OptunaSearch
+
+        searcher = OptunaSearch(
+            space=functools.partial(_suggest_numbered, dims),
+            metric="mean_validation",
+            mode="max",
+            sampler=optuna.samplers.TPESampler(seed=bases[0].seed),
+            study_name=STUDY,
+            storage=optuna.storages.RDBStorage(f"sqlite:///{tune_dir / 'study.db'}"),
+        )
+        arguments = dict(
+            bases=bases,
+            names=names,
+            dims=dims,
+            tune_dir=str(tune_dir),
+            train=train,
+            threads=ray.cpus_per_trial,
+            cwd=os.getcwd(),
+        )
+        results = run_trials(
+            _ray_trial,
+            arguments,
+            tune_dir,
+            ray,
+            search_alg=searcher,
+            num_samples=remaining,
+            command="tune --engine ray",
+        )
+    for result in sorted(results, key=lambda r: r["trial_number"]):
+        values = {dim.key: dim.decode(result["config"][dim.key]) for dim in dims}
+        log(f"tune: trial {result['trial_number']}: {values} -> mean validation {result['mean_validation']:.4f}")
+
+
+def _write_results(study, tune_dir: Path, dims: list[Dimension], names: list[str], bases: list[Config]) -> None:
+    """results.csv / results.md (every complete trial, best first in the markdown) and best.yaml; each data
+    set's score read from its run."""
     import optuna
 
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -171,7 +274,10 @@ def _write_results(study, tune_dir: Path, dims: list[Dimension], names: list[str
         {
             "trial": t.number,
             **{d.key: _shown(d, t.params.get(d.key)) for d in dims},
-            **{f"validation_{n}": t.user_attrs.get(f"validation_{n}") for n in names},
+            **{
+                f"validation_{n}": validation_score(tune_dir / _run_name(t.number, n), base.select_by)
+                for n, base in zip(names, bases)
+            },
             "mean_validation": t.value,
             "seconds": (t.datetime_complete - t.datetime_start).total_seconds(),
         }

@@ -1,0 +1,65 @@
+"""Training runs as Ray Tune trials, for `tune --engine ray` (Optuna's sampler through Ray Tune's
+OptunaSearch) and `sweep --engine ray` (the grid as Ray Tune's grid search): each trial gets its own
+resources (`--cpus-per-trial`, `--gpus-per-trial`) and Ray runs as many at once as the cluster holds. The
+runs land in the same directory as a local search's and the same results table is written from them.
+
+With no `--address` a local Ray starts for the command and stops after it; `--address auto` joins a cluster
+started with `ray start --head` (docs/scale.md). Optional: the `ray` extra."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loracls.errors import LoraclsError, first_line
+from loracls.hardware import ray_session
+
+__all__ = ["RayOptions", "run_trials", "in_trial_dir"]
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where the trials run and what each one holds."""
+
+    address: str | None = None  # None: a local Ray for the command
+    cpus_per_trial: int = 1  # also the trial's torch threads
+    gpus_per_trial: float = 0
+
+
+def in_trial_dir(cwd: str) -> None:
+    """A trial starts in its own Ray directory: relative paths in the configs are the driver's."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+
+
+def run_trials(
+    trainable: Callable,
+    arguments: dict,
+    out: Path,
+    options: RayOptions,
+    *,
+    param_space: dict | None = None,
+    search_alg=None,
+    num_samples: int = 1,
+    command: str = "--engine ray",
+) -> list[dict]:
+    """Run `trainable(params, **arguments)` as Ray Tune trials; each trial's returned metrics, with its
+    params under "config". A trial that fails fails the command, with its error in one line."""
+    with ray_session(options.address, os.cpu_count(), command):
+        from ray import tune
+
+        resources = {"cpu": options.cpus_per_trial, "gpu": options.gpus_per_trial}
+        tuner = tune.Tuner(
+            tune.with_resources(tune.with_parameters(trainable, **arguments), resources),
+            param_space=param_space or {},
+            tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples),
+            run_config=tune.RunConfig(storage_path=str((out / "ray").resolve()), name="trials", verbose=0),
+        )
+        grid = tuner.fit()
+        failed = [result.error for result in grid if result.error is not None]
+        if failed:
+            cause = getattr(failed[0], "cause", None) or failed[0]
+            raise LoraclsError(f"{command}: {len(failed)} trial(s) failed; the first: {first_line(cause, 300)}")
+        return [dict(result.metrics) | {"config": dict(result.config)} for result in grid]
