@@ -1,10 +1,11 @@
 """Inference: a finished run reloaded for predict / evaluate / serve (one engine; `commenter` for
-label_and_comment runs; `onnx_engine` for its ONNX export), files of any length streamed through it
-(`streaming`, or Ray Data in `ray_predict`), the merged and ONNX exports, the HTTP server, its batcher and its
-typed contract."""
+label_and_comment runs; `onnx_engine` for its ONNX export; `adapters` for several runs on one base), files of
+any length streamed through it (`streaming`, or Ray Data in `ray_predict`), the merged and ONNX exports, the
+HTTP server, its batcher, its model-free HTTP pieces (`http`) and its typed contract."""
 
 __all__ = [
     "engine",
+    "adapters",
     "loaded",
     "commenter",
     "onnx_engine",
@@ -14,5 +15,6 @@ __all__ = [
     "onnx_export",
     "server",
     "batcher",
+    "http",
     "protocol",
 ]
