@@ -8,10 +8,10 @@ import csv
 
 import pytest
 import yaml
-from test_bad_input import one_line_error
-from test_tune import _config_file
 
 from loracls.cli import main
+from test_bad_input import one_line_error
+from test_tune import _config_file
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'loracls[ray]'")
 pytest.importorskip("ray.tune", reason="Ray Tune is not installed: pip install 'loracls[ray]'")

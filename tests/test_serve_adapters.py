@@ -9,13 +9,13 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from conftest import NEGATIVE, NEUTRAL, POSITIVE, synthetic_frame, tiny_overrides
-from test_serve import Server
 
+from conftest import NEGATIVE, POSITIVE, synthetic_frame, tiny_overrides
 from loracls.cli import main
 from loracls.inference.adapters import AdapterSet
 from loracls.inference.engine import Classifier
 from loracls.inference.server import create_app
+from test_serve import Server
 
 TEXTS = ["good film", "bad boring plot", "the movie was very great and lovely", "a dull script", "ok meh so-so"]
 THREE = {"pos": POSITIVE, "neg": NEGATIVE, "plain": ["ok", "meh", "neutral", "so-so"]}
@@ -92,9 +92,9 @@ def test_served_runs_answer_as_single_servers_with_mixed_batches(three_runs, ada
         assert answer.status_code == 200 and answer.json()["model"] == name
         alone_app = create_app(Classifier(str(path), log=lambda *_: None))
         alone = asyncio.run(_ask_all(alone_app, [("POST", "/classify", {"json": {"input": TEXTS}})]))[0].json()
-        got = answer.json()["data"]
-        assert [item["label"] for item in got] == [item["label"] for item in alone["data"]]
-        np.testing.assert_allclose([item["probs"] for item in got], [item["probs"] for item in alone["data"]], atol=1e-5)
+        got, expected = answer.json()["data"], alone["data"]
+        assert [item["label"] for item in got] == [item["label"] for item in expected]
+        np.testing.assert_allclose([item["probs"] for item in got], [item["probs"] for item in expected], atol=1e-5)
 
 
 def test_model_query_header_listing_and_unknown_names(adapters):

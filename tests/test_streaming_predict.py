@@ -24,9 +24,9 @@ def _texts(n: int) -> list[str]:
     return [" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(2 + i % 9)) + f" {i}" for i in range(n)]
 
 
-def _write(path, texts):
+def _write(path, texts, column="text"):
     suffix = path.suffix
-    frame = pd.DataFrame({"text": texts, "id": range(len(texts))})
+    frame = pd.DataFrame({column: texts, "id": range(len(texts))})
     if suffix == ".csv":
         frame.to_csv(path, index=False)
     elif suffix == ".jsonl":
@@ -94,9 +94,10 @@ def test_a_crashed_call_resumes_with_no_row_lost_or_written_twice(suffix, traine
     run, texts = str(trained_runs["gemma3"]), _texts(40)
     source, score = _write(tmp_path / "in.csv", texts), predictor(str(trained_runs["gemma3"]), lambda *a: None)
     straight, crashed = tmp_path / f"straight{suffix}", tmp_path / f"crashed{suffix}"
-    assert predict_file(score, run, str(source), str(straight), "text", 6, False, lambda *a: None) == 40
+    assert predict_file(lambda: score, run, str(source), str(straight), "text", 6, False, lambda *a: None) == 40
     with pytest.raises(Crash):
-        predict_file(_crashing_after(score, 3), run, str(source), str(crashed), "text", 6, False, lambda *a: None)
+        crashing = _crashing_after(score, 3)
+        predict_file(lambda: crashing, run, str(source), str(crashed), "text", 6, False, lambda *a: None)
     if suffix == ".jsonl":  # a killed writer's half line past the last completed chunk
         with open(crashed, "a") as out:
             out.write('{"text": "half')
@@ -105,7 +106,7 @@ def test_a_crashed_call_resumes_with_no_row_lost_or_written_twice(suffix, traine
         (crashed / "part-000003.parquet").write_bytes((straight / "part-000003.parquet").read_bytes())
         record = crashed / "_progress.json"
     assert json.loads(record.read_text())["rows_done"] == 18
-    assert predict_file(score, run, str(source), str(crashed), "text", 6, True, lambda *a: None) == 22
+    assert predict_file(lambda: score, run, str(source), str(crashed), "text", 6, True, lambda *a: None) == 22
     read = _jsonl if suffix == ".jsonl" else lambda path: pd.read_parquet(path).to_dict("records")
     assert [r["text"] for r in read(crashed)] == texts and not record.exists()
     assert [r["prediction"] for r in read(crashed)] == [r["prediction"] for r in read(straight)]
@@ -131,15 +132,22 @@ def test_kill_9_mid_file_then_resume_gives_every_row_once(trained_runs, tmp_path
     assert [row["text"] for row in _jsonl(out)] == texts and not record.exists()
 
 
-def test_bad_streaming_input_is_one_line_and_writes_nothing(trained_runs, tmp_path, capsys):
+def test_bad_streaming_input_is_one_line_and_writes_nothing(trained_runs, tmp_path, capsys, monkeypatch):
     run = str(trained_runs["gemma3"])
     texts = _texts(30)
     texts[23] = "   "
     bad = _write(tmp_path / "bad.csv", texts)
     out = tmp_path / "out.jsonl"
-    assert "1 empty text(s) in column 'text', first at row 23" in one_line_error(
-        ["predict", run, "--file", str(bad), "--out", str(out), "--chunk-rows", "5"], capsys
-    )
+    with monkeypatch.context() as patched:  # a bad file is refused before the model is loaded
+        patched.setattr("loracls.inference.loaded.predictor", lambda *a: pytest.fail("the model was loaded"))
+        for extra in (["--out", str(out)], []):
+            assert "1 empty text(s) in column 'text', first at row 23" in one_line_error(
+                ["predict", run, "--file", str(bad), *extra, "--chunk-rows", "5"], capsys
+            )
+        assert "no column 'text' (columns: words, id)" in one_line_error(
+            ["predict", run, "--file", str(_write(tmp_path / "words.csv", texts[:3], column="words"))], capsys
+        )
+        (tmp_path / "words.csv").unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]  # not even a lock
     good = _write(tmp_path / "good.csv", _texts(12))
     cases = [
@@ -163,7 +171,7 @@ def test_a_resume_with_another_chunk_size_or_input_is_refused(trained_runs, tmp_
     source, out = _write(tmp_path / "in.csv", texts), tmp_path / "out.jsonl"
     score = predictor(run, lambda *a: None)
     with pytest.raises(Crash):
-        predict_file(_crashing_after(score, 1), run, str(source), str(out), "text", 5, False, lambda *a: None)
+        predict_file(lambda: _crashing_after(score, 1), run, str(source), str(out), "text", 5, False, lambda *a: None)
     line = one_line_error(
         ["predict", run, "--file", str(source), "--out", str(out), "--chunk-rows", "4", "--resume"], capsys
     )

@@ -77,11 +77,14 @@ def cmd_predict(args) -> None:
         return
     run = runs.check_run_dir(args.run)
     text_column = runs.read_config(run).text_column
-    score = predictor(args.run, log, args.batch_size, args.device, args.precision, args.engine)
+
+    def make_score():  # called once the input file (and the output) are checked
+        return predictor(args.run, log, args.batch_size, args.device, args.precision, args.engine)
+
     if args.out:
-        predict_file(score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
+        predict_file(make_score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
     else:
-        stream_to_stdout(score, args.file, text_column, args.chunk_rows)
+        stream_to_stdout(make_score, args.file, text_column, args.chunk_rows)
 
 
 def _predict_with_ray(args) -> None:

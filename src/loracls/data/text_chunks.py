@@ -46,7 +46,8 @@ class TextColumn:
         for name in (wanted, "text"):
             if name in columns:
                 return name
-        raise LoraclsError(f"{self.file}: no column {wanted!r} or 'text' (columns: {', '.join(columns)})")
+        tried = repr(wanted) if wanted == "text" else f"{wanted!r} or 'text'"
+        raise LoraclsError(f"{self.file}: no column {tried} (columns: {', '.join(columns)})")
 
     def raw_chunks(self, rows: int) -> Iterator[list]:
         """The column's cells (None for a missing one), `rows` at a time."""

@@ -105,7 +105,7 @@ def output_for(out: str) -> JsonlOutput | ParquetOutput:
 
 
 def predict_file(
-    score: Callable[[list[str]], list[dict]],
+    make_score: Callable[[], Callable[[list[str]], list[dict]]],
     run: str,
     file: str,
     out: str,
@@ -114,9 +114,11 @@ def predict_file(
     resume: bool,
     log=print,
 ) -> int:
-    """Scores every text of `file` into `out`; the number of rows written by this call."""
+    """Scores every text of `file` into `out`; the number of rows written by this call. `make_score()` loads
+    the model once the input and output are checked (a bad file costs no model load)."""
     output, source = output_for(out), TextColumn(file, text_column)
     progress = _resumed(output, source, run, chunk_rows) if resume else _fresh(output, source, run, chunk_rows)
+    score = make_score()
     with files.exclusive(output.lock_path, wait=False, what=f"the output {out}"):
         try:
             if not resume:
@@ -130,10 +132,13 @@ def predict_file(
     return written
 
 
-def stream_to_stdout(score: Callable[[list[str]], list[dict]], file: str, text_column: str, chunk_rows: int) -> None:
-    """JSONL on stdout, a chunk at a time (checked first: bad input prints nothing)."""
+def stream_to_stdout(
+    make_score: Callable[[], Callable[[list[str]], list[dict]]], file: str, text_column: str, chunk_rows: int
+) -> None:
+    """JSONL on stdout, a chunk at a time (checked first: bad input prints nothing and loads no model)."""
     source = TextColumn(file, text_column)
     total = check_texts(source, chunk_rows)
+    score = make_score()
     with tqdm(total=total, unit="row", desc="predict", smoothing=0.1) as bar:
         for texts in text_chunks(source, chunk_rows):
             sys.stdout.write("".join(files.json_line(row) + "\n" for row in score(texts)))
