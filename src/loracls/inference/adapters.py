@@ -46,10 +46,6 @@ class AdapterRun(RunFormat):
         rows = self._adapters.logits(ids, [self.name] * len(ids), max_tokens)
         return np.stack(rows) if rows else np.zeros((0, len(self.labels)), dtype=np.float32)
 
-    def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        encoded = self.encode(texts)
-        return self.calibrated(encoded.per_text(self.logits(encoded.ids, progress)))
-
 
 def _checked_runs(paths: list[str], log) -> list[tuple[Path, object]]:
     """(run, config) for each path: finished classification runs with an adapter, distinct names, one base."""

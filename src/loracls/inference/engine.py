@@ -53,6 +53,11 @@ class RunFormat:
         """One text's label, or (multi_label) its list of labels at or above their thresholds."""
         return self.decision.label_of(probs_row, self.id2label)
 
+    def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
+        """Calibrated probabilities, one row a text (`logits` is the engine's own)."""
+        encoded = self.encode(texts)
+        return self.calibrated(encoded.per_text(self.logits(encoded.ids, progress)))
+
 
 class Classifier(RunFormat):
     def __init__(
@@ -122,7 +127,3 @@ class Classifier(RunFormat):
         return predict_logits(
             self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress, max_tokens
         )
-
-    def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        encoded = self.encode(texts)
-        return self.calibrated(encoded.per_text(self.logits(encoded.ids, progress)))

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from loracls import files, runs
-from loracls.data.batching import TextEncoder
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.inference.engine import Classifier
+from loracls.inference.engine import RunFormat
 from loracls.inference.onnx_export import ONNX_DIR
 from loracls.model.scoring import batched_logits
 from loracls.model.tokenizer import load_tokenizer
@@ -23,8 +22,10 @@ __all__ = ["ENGINES", "OnnxClassifier"]
 ENGINES = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}  # --engine -> the file in the export folder
 
 
-class OnnxClassifier(Classifier):
-    def __init__(self, path: str, log=print, batch_size: int | None = None, engine: str = "onnx"):
+class OnnxClassifier(RunFormat):
+    def __init__(
+        self, path: str, log=print, batch_size: int | None = None, engine: str = "onnx", threads: int | None = None
+    ):
         try:
             import onnxruntime
         except ImportError:
@@ -42,16 +43,15 @@ class OnnxClassifier(Classifier):
         self.long_text, self.chunk_stride = fmt.long_text, fmt.chunk_stride
         self.tokenizer = load_tokenizer(folder, log)
         try:
-            self.session = onnxruntime.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads or 0  # 0: onnxruntime's default, one a physical core
+            self.session = onnxruntime.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise LoraclsError(f"onnxruntime cannot load {file}: {first_line(exc, 200)}") from None
         self.name, self.source, self.engine = source.name, str(file), engine
         self.batch_size = batch_size or 32
-        self.runtime = setup_runtime("cpu", "fp32", None)
-        self.labels = [self.id2label[i] for i in range(len(self.id2label))]
-        self.encoder = TextEncoder(
-            self.tokenizer, self.max_length, self.input_template, self.long_text, self.chunk_stride
-        )
+        self.runtime = setup_runtime("cpu", "fp32", threads)
+        self._setup_format(file)
         log(f"engine: onnxruntime, {file}")
 
     @property
