@@ -44,6 +44,9 @@ def test_tune_searches_two_data_sets_on_validation_and_continues(tmp_path, gemma
         assert float(row["mean_validation"]) == pytest.approx(sum(scores) / 2)
         assert row["r"] in ("2", "4") and 1e-3 <= float(row["learning_rate"]) <= 1e-2
         assert "test" not in " ".join(row)  # the search reads validation only
+    first_trial = next(row for row in rows if row["trial"] == "0")  # the config's own settings come first
+    assert first_trial["r"] == "4" and float(first_trial["learning_rate"]) == pytest.approx(5e-3)
+    assert first_trial["target_modules"] == "q_proj,v_proj"
     trial_runs = sorted(p.name for p in study.iterdir() if p.name.startswith("trial"))
     assert trial_runs == ["trial000-three", "trial000-two", "trial001-three", "trial001-two"]
     for run in trial_runs:  # trials skip baselines and the merge

@@ -178,6 +178,8 @@ def run_tune(
     tune_dir = (Path(first.output_dir) / (first.run_name or "tune")).resolve()
     tune_dir.mkdir(parents=True, exist_ok=True)
     study = _open_study(tune_dir, first.seed)
+    if not study.trials:
+        _enqueue_own_settings(study, first, dims, log)
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     log(
         f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
@@ -199,6 +201,21 @@ def run_tune(
         _optimize_on_ray(bases, names, dims, tune_dir, remaining, train, ray, log)
     _write_results(_open_study(tune_dir, first.seed), tune_dir, dims, names, bases)
     return tune_dir
+
+
+def _enqueue_own_settings(study, base: Config, dims: list[Dimension], log) -> None:
+    """Trial 0 tries the (first) config's own value of every searched setting that lies in the space, so the
+    table shows whether the search beat the settings it started from."""
+    own = {}
+    for dim in dims:
+        value = getattr(base, dim.key)
+        if dim.kind == "choice" and value in dim.choices:
+            own[dim.key] = json.dumps(value)
+        elif dim.kind != "choice" and isinstance(value, int | float) and dim.low <= value <= dim.high:
+            own[dim.key] = value
+    if own:
+        study.enqueue_trial(own)
+        log(f"tune: trial 0 tries the config's own {', '.join(f'{k}={getattr(base, k)}' for k in own)}")
 
 
 def _suggest_numbered(dims: list[Dimension], trial) -> dict:
