@@ -92,7 +92,7 @@ def _crashing_after(score, chunks: int):
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_a_crashed_call_resumes_with_no_row_lost_or_written_twice(suffix, trained_runs, tmp_path):
     run, texts = str(trained_runs["gemma3"]), _texts(40)
-    source, score = _write(tmp_path / "in.csv", texts), predictor(str(trained_runs["gemma3"]), lambda *a: None)
+    source, score = _write(tmp_path / "in.csv", texts), predictor(str(trained_runs["gemma3"]), log=lambda *a: None)
     straight, crashed = tmp_path / f"straight{suffix}", tmp_path / f"crashed{suffix}"
     assert predict_file(lambda: score, run, str(source), str(straight), "text", 6, False, lambda *a: None) == 40
     with pytest.raises(Crash):
@@ -169,7 +169,7 @@ def test_bad_streaming_input_is_one_line_and_writes_nothing(trained_runs, tmp_pa
 def test_a_resume_with_another_chunk_size_or_input_is_refused(trained_runs, tmp_path, capsys):
     run, texts = str(trained_runs["gemma3"]), _texts(20)
     source, out = _write(tmp_path / "in.csv", texts), tmp_path / "out.jsonl"
-    score = predictor(run, lambda *a: None)
+    score = predictor(run, log=lambda *a: None)
     with pytest.raises(Crash):
         predict_file(lambda: _crashing_after(score, 1), run, str(source), str(out), "text", 5, False, lambda *a: None)
     line = one_line_error(

@@ -50,11 +50,7 @@ def cmd_evaluate(args) -> None:
     from loracls.inference.loaded import evaluate
     from loracls.runs import to_dict
 
-    print(
-        json_line(
-            to_dict(evaluate(args.run, args.data, log, args.batch_size, args.device, args.precision, args.engine))
-        )
-    )
+    print(json_line(to_dict(evaluate(args.run, args.data, _engine_options(args), log))))
 
 
 def cmd_predict(args) -> None:
@@ -69,7 +65,7 @@ def cmd_predict(args) -> None:
     if args.engine == "ray":
         return _predict_with_ray(args)
     if args.text:
-        rows = predict(args.run, args.text, log, args.batch_size, args.device, args.precision, args.engine)
+        rows = predict(args.run, args.text, _engine_options(args), log)
         if args.out:
             files.write_jsonl(Path(args.out), rows)  # atomically: a failed run leaves no half-written file
         else:
@@ -79,7 +75,7 @@ def cmd_predict(args) -> None:
     text_column = runs.read_config(run).text_column
 
     def make_score():  # called once the input file (and the output) are checked
-        return predictor(args.run, log, args.batch_size, args.device, args.precision, args.engine)
+        return predictor(args.run, _engine_options(args), log)
 
     if args.out:
         predict_file(make_score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
@@ -110,7 +106,7 @@ def cmd_serve(args) -> None:
             raise LoraclsError(f"serve: several runs are served by --engine torch, not {args.engine}")
         classifier = AdapterSet(args.run, log, args.max_batch_size, args.device, args.precision)
     else:  # a run directory or a merged model directory; label_and_comment: labels scored, comments written
-        classifier = engine_for(args.run[0], log, args.max_batch_size, args.device, args.precision, args.engine)
+        classifier = engine_for(args.run[0], _engine_options(args, args.max_batch_size), log)
     serve(
         classifier,
         args.host,
@@ -230,6 +226,13 @@ def cmd_report(args) -> None:
     from loracls.diagnostics.report import write_report
 
     print(write_report(args.run))
+
+
+def _engine_options(args, batch_size: int | None = None):
+    """The inference options a command line gives (`--batch-size`, `--device`, `--precision`, `--engine`)."""
+    from loracls.inference.loaded import EngineOptions
+
+    return EngineOptions(batch_size or getattr(args, "batch_size", None), args.device, args.precision, args.engine)
 
 
 def _positive(text: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from loracls import runs
@@ -14,16 +15,20 @@ from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 from loracls.problems import evaluation, prediction_rows, problem_for
 
 
-def engine_for(
-    run_path: str,
-    log=print,
-    batch_size: int | None = None,
-    device: str | None = None,
-    precision: str | None = None,
-    engine: str = "torch",
-):
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a command runs a finished run: the command line's overrides of the run's own settings."""
+
+    batch_size: int | None = None  # texts a forward pass; None: the run's eval_batch_size
+    device: str | None = None  # None: the run's device
+    precision: str | None = None  # None: the run's precision
+    engine: str = "torch"  # torch | onnx | onnx-int8 (ray: predict --file --out only)
+
+
+def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log=print):
     """The engine a command runs: PyTorch (the merged model, or base + adapter merged in memory; a
     label_and_comment run's causal LM), or a run's ONNX export through onnxruntime (`onnx`, `onnx-int8`)."""
+    engine, device, precision, batch_size = options.engine, options.device, options.precision, options.batch_size
     if engine == "ray":
         raise LoraclsError("--engine ray scores a file: predict RUN --file IN --out DIR --engine ray")
     generative = False
@@ -47,17 +52,11 @@ def engine_for(
 
 
 def evaluate(
-    run_path: str,
-    data: str | None = None,
-    log=print,
-    batch_size: int | None = None,
-    device: str | None = None,
-    precision: str | None = None,
-    engine: str = "torch",
+    run_path: str, data: str | None = None, options: EngineOptions = EngineOptions(), log=print
 ) -> ClassificationMetrics | MultiLabelMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
-    classifier = engine_for(run_path, log, batch_size, device, precision, engine)
+    classifier = engine_for(run_path, options, log)
     if data is None:
         split = load_dataset(config).test
     else:
@@ -69,18 +68,11 @@ def evaluate(
     return metrics
 
 
-def predictor(
-    run_path: str,
-    log=print,
-    batch_size: int | None = None,
-    device: str | None = None,
-    precision: str | None = None,
-    engine: str = "torch",
-) -> Callable[[list[str]], list[dict]]:
+def predictor(run_path: str, options: EngineOptions = EngineOptions(), log=print) -> Callable[[list[str]], list[dict]]:
     """texts -> prediction rows (`text`, `prediction`, `probabilities`; label_and_comment adds `comment`), with
     the run's model loaded once."""
     runs.check_run_dir(run_path)
-    classifier = engine_for(run_path, log, batch_size, device, precision, engine)
+    classifier = engine_for(run_path, options, log)
     if getattr(classifier, "writes_comments", False):
         return classifier.predict
 
@@ -91,17 +83,9 @@ def predictor(
     return rows
 
 
-def predict(
-    run_path: str,
-    texts: list[str],
-    log=print,
-    batch_size: int | None = None,
-    device: str | None = None,
-    precision: str | None = None,
-    engine: str = "torch",
-) -> list[dict]:
+def predict(run_path: str, texts: list[str], options: EngineOptions = EngineOptions(), log=print) -> list[dict]:
     if not texts:
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):
         raise LoraclsError("predict: empty text given")
-    return predictor(run_path, log, batch_size, device, precision, engine)(texts)
+    return predictor(run_path, options, log)(texts)

@@ -25,9 +25,9 @@ class _Scorer:
     """One Ray actor: the run's engine, loaded once, scoring one batch of texts at a time."""
 
     def __init__(self, run: str, batch_size: int | None, engine: str):
-        from loracls.inference.loaded import predictor
+        from loracls.inference.loaded import EngineOptions, predictor
 
-        self.score = predictor(run, _quiet, batch_size, None, None, engine)
+        self.score = predictor(run, EngineOptions(batch_size, engine=engine), _quiet)
 
     def __call__(self, batch):
         texts = [str(text) for text in batch["text"]]
