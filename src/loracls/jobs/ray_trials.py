@@ -47,6 +47,10 @@ def run_trials(
 ) -> list[dict]:
     """Run `trainable(params, **arguments)` as Ray Tune trials; each trial's returned metrics, with its
     params under "config". A trial that fails fails the command, with its error in one line."""
+    # Ray Tune's own output: its legacy reporter honours verbose=0 (the new one prints a settings box), and no
+    # TensorBoard / CSV / JSON loggers per trial (the runs log to their own train_log)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     with ray_session(options.address, os.cpu_count(), command):
         from ray import tune
 
