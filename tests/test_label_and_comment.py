@@ -13,7 +13,7 @@ from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 from loracls.files import read_jsonl
 from loracls.hardware import Runtime
-from loracls.model.generation import generate
+from loracls.model.generation import comments_after_labels, generate
 from loracls.model.label_scoring import LabelScorer
 from loracls.problems import IGNORE_INDEX, PROBLEMS, training_sequence
 
@@ -120,6 +120,27 @@ def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
     assert two.tokens == [2, 2] and all(len(text.split()) == 2 for text in two.texts)
 
 
+def test_candidates_keep_the_first_beam_that_reads_back_as_the_chosen_label(causal_lm):
+    tokenizer = make_tokenizer()
+    scorer = LabelScorer(causal_lm, tokenizer, "{text} was", ["good", "bad"], 64, 4, CPU)
+    texts = ["the film was", "a long dull plot", "the actor", "good fun", "bad jokes and", "the story", "it was"]
+    texts, chosen = [*texts, "plot and actor"], [1, 0] * 4
+    prompts = scorer.answer_prompts(texts, chosen, tokenizer("\n", add_special_tokens=False)["input_ids"])
+    beams = generate(causal_lm, tokenizer, prompts, 4, 6, CPU, beams=3)
+    assert len(beams.texts) == 24 and all(n <= 4 for n in beams.tokens)
+    kept = comments_after_labels(causal_lm, tokenizer, scorer, texts, chosen, 4, 6, CPU, candidates=3)
+    first, agrees = [], []
+    for i, label in enumerate(chosen):
+        candidates = beams.texts[3 * i : 3 * i + 3]
+        read = list(scorer.label_logprobs(candidates).argmax(axis=1))
+        assert kept.texts[i] == (candidates[read.index(label)] if label in read else candidates[0])
+        first.append(read[0] == label)
+        agrees.append(label in read)
+    assert sum(agrees) > sum(first)  # these texts exercise the rule: a later beam was kept at least once
+    greedy = comments_after_labels(causal_lm, tokenizer, scorer, texts, chosen, 4, 6, CPU)
+    assert greedy.texts == generate(causal_lm, tokenizer, prompts, 4, 6, CPU).texts  # one candidate: greedy
+
+
 # --- data -----------------------------------------------------------------------------------------------
 
 
@@ -216,6 +237,7 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     path = tmp_path / "d.csv"
     _frame(400).to_csv(path, index=False)
     extra = dict(problem="label_and_comment", comment_column="why", max_comment_tokens=4, epochs=4)
+    extra["comment_candidates"] = 2  # beams, the first that reads back as the label kept; the greedy beside
     extra["verbalizers"] = {"neg": "bad", "pos": "good"}  # words the tiny vocabulary has
     extra["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     extra.update(r=8, lora_alpha=16, learning_rate=2e-2)  # a random tiny LM learns its frozen vocabulary slowly
@@ -227,6 +249,8 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert comments["examples"] == 40 and comments["mean_tokens"] <= 4
     assert 0 <= comments["rouge_l"] <= 1 and 0 <= comments["chrf"] <= 100 and 0 <= comments["consistency"] <= 1
     assert metrics["test"]["accuracy"] > 0.5  # the label words are learnable in a few steps
+    assert comments["candidates"] == 2 and 0 <= comments["greedy_rouge_l"] <= 1
+    assert 0 <= comments["greedy_consistency"] <= 1 and 0 <= comments["reference_consistency"] <= 1
     assert 0 <= comments["zero_shot_accuracy"] <= 1 and 0 <= comments["zero_shot_rouge_l"] <= 1  # untrained
     assert comments["rouge_l"] > comments["zero_shot_rouge_l"]  # the trained comments are the references' kind
     # the classification-head LoRA beside it: its own run inside this one, on the very same test split
@@ -258,7 +282,7 @@ def test_label_and_comment_trains_end_to_end_on_the_tiny_model(gemma3_dir, tmp_p
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     assert "Comments (test split)" in page and page.count("<tr>") >= 20 and rows[0]["reference_comment"] in page
-    assert "classification-head LoRA (same split)" in page
+    assert "classification-head LoRA (same split)" in page and "consistency of the greedy comments" in page
 
 
 def _served_comments_are_predicts(run, rows, predicted):

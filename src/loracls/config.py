@@ -55,6 +55,13 @@ class Config:
     label_separator: str | None = _help(None, 'multi_label: splits a text label cell ("a|b"); lists need none')
     comment_column: str | None = _help(None, "label_and_comment: the column that holds each text's reference comment")
     max_comment_tokens: int = _help(48, "label_and_comment: the most tokens a generated comment may have", ge=1)
+    comment_candidates: int = _help(
+        1,
+        "label_and_comment: 1: the greedy comment; N: N beams, and the most likely one that the run's label scorer, "
+        "reading it alone, gives the chosen label is kept",
+        ge=1,
+        le=16,
+    )
     label_token_weight: float = _help(
         1.0, "label_and_comment: the loss weight of the label word's tokens (the comment's are 1)", gt=0, le=100
     )

@@ -170,6 +170,10 @@ class CommentMetrics:
     consistency: float  # share of comments that the run's label scorer, reading the comment alone, gives the label
     mean_tokens: float
     tokens_per_second: float  # generation, batched, on this machine
+    candidates: int = 1  # comment_candidates: 1 greedy; N beams, the first that reads back as the label kept
+    greedy_rouge_l: float | None = None  # with candidates > 1: the greedy comments' ROUGE-L and consistency ...
+    greedy_consistency: float | None = None  # ... on the same test texts, for what the candidates buy
+    reference_consistency: float | None = None  # share of reference comments the label scorer gives their label
     zero_shot_accuracy: float | None = None  # the same prompt, untrained: its label words scored
     zero_shot_rouge_l: float | None = None  # the base model's comments after the same prompt and its label
     head_accuracy: float | None = None  # the classification-head LoRA trained on the same split (baselines: head)

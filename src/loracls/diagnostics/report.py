@@ -235,6 +235,17 @@ def write_report(run_path: str) -> Path:
 COMMENT_EXAMPLES = 20
 
 
+def _greedy_rows(comments: runs.CommentMetrics) -> list[list]:
+    """With comment_candidates > 1: the greedy comments' figures beside the kept candidates'."""
+    if comments.greedy_rouge_l is None:
+        return []
+    return [
+        [f"ROUGE-L of the greedy comments (kept: 1 of {comments.candidates} beams)", comments.greedy_rouge_l]
+        + [None, None],
+        ["consistency of the greedy comments", comments.greedy_consistency, None, None],
+    ]
+
+
 def _comments_section(metrics: runs.Metrics, test_rows: list) -> list[str]:
     """label_and_comment: labels and comments beside the untrained prompt and the classification-head LoRA,
     and the first test examples with their generated comment."""
@@ -247,6 +258,8 @@ def _comments_section(metrics: runs.Metrics, test_rows: list) -> list[str]:
         ["ROUGE-L (mean F1)", comments.rouge_l, comments.zero_shot_rouge_l, None],
         ["chrF", comments.chrf, None, None],
         ["consistency (the comment alone gives the label)", comments.consistency, None, None],
+        ["... the reference comments' (they alone give their label)", comments.reference_consistency, None, None],
+        *_greedy_rows(comments),
         ["mean comment tokens", comments.mean_tokens, None, None],
         ["generation tokens/s", comments.tokens_per_second, None, None],
         ["train seconds", metrics.train.seconds, None, comments.head_train_seconds],

@@ -36,6 +36,7 @@ class Commenter:
         self.name, self.max_length, self.input_template = run.name, config.max_length, config.input_template
         self.runtime = setup_runtime(device or config.device, "fp32", config.threads)
         self.batch_size, self.max_comment_tokens = batch_size or config.eval_batch_size, config.max_comment_tokens
+        self.comment_candidates = config.comment_candidates
         model_dir = resolve_model_dir(config.model, log)
         self.tokenizer = load_tokenizer(model_dir, lambda *a: None)
         try:
@@ -69,10 +70,10 @@ class Commenter:
         return self.decision.probabilities(logits)
 
     def comments(self, texts: list[str], chosen) -> list[str]:
-        """Each text's comment, generated (greedy, bounded) after its chosen label."""
+        """Each text's comment, generated (bounded; greedy, or the run's candidates rule) after its chosen label."""
         bound, batch = self.max_comment_tokens, self.batch_size
         return comments_after_labels(
-            self.model, self.tokenizer, self.scorer, texts, chosen, bound, batch, self.runtime
+            self.model, self.tokenizer, self.scorer, texts, chosen, bound, batch, self.runtime, self.comment_candidates
         ).texts
 
     def predict(self, texts: list[str]) -> list[dict]:

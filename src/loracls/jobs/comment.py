@@ -241,12 +241,13 @@ def _label_logprobs(job: CommentJob, texts: list[str]) -> np.ndarray:
         job.model.train(was_training)
 
 
-def _comments(job: CommentJob, texts: list[str], chosen) -> Generated:
-    """The current model's comments after each text's chosen label (greedy, at most max_comment_tokens)."""
+def _comments(job: CommentJob, texts: list[str], chosen, candidates: int | None = None) -> Generated:
+    """The current model's comments after each text's chosen label (at most max_comment_tokens; greedy, or the
+    first of `comment_candidates` beams that reads back as the label)."""
     config = job.config
     return comments_after_labels(
         job.model, job.tokenizer, job.scorer(), texts, chosen, config.max_comment_tokens, config.eval_batch_size,
-        job.runtime,
+        job.runtime, candidates or config.comment_candidates,
     )  # fmt: skip
 
 
@@ -299,12 +300,14 @@ def _test_comments(
     job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation
 ) -> tuple[CommentMetrics, list[str]]:
     """Generate each test text's comment after its chosen label; score it against the reference; write the
-    rows (the prediction row, the comment, the reference)."""
+    rows (the prediction row, the comment, the reference). With several candidates, the greedy comments too,
+    for what the candidates buy; and how often the reference comments themselves read back as their label."""
     started = time.perf_counter()
     generated = _comments(job, test.texts, chosen)
     seconds = time.perf_counter() - started
     rouge_l, chrf = comment_scores(generated.texts, test.comments)
     read_back = _label_logprobs(job, generated.texts).argmax(axis=1)
+    references = _label_logprobs(job, test.comments).argmax(axis=1)
     rows = [
         {**row.to_json(), "comment": comment, "reference_comment": reference}
         for row, comment, reference in zip(scored.rows, generated.texts, test.comments)
@@ -314,16 +317,27 @@ def _test_comments(
         examples=len(test.texts),
         rouge_l=rouge_l,
         chrf=chrf,
-        consistency=float((read_back == chosen).mean()) if len(chosen) else 0.0,
+        consistency=_share(read_back == chosen),
         mean_tokens=float(np.mean(generated.tokens)) if generated.tokens else 0.0,
         tokens_per_second=sum(generated.tokens) / max(seconds, 1e-9),
+        candidates=job.config.comment_candidates,
+        reference_consistency=_share(references == np.asarray(test.labels)),
     )
+    if record.candidates > 1:
+        greedy = _comments(job, test.texts, chosen, candidates=1)
+        record.greedy_rouge_l, _ = comment_scores(greedy.texts, test.comments)
+        record.greedy_consistency = _share(_label_logprobs(job, greedy.texts).argmax(axis=1) == chosen)
     return record, generated.texts
+
+
+def _share(agrees: np.ndarray) -> float:
+    return float(np.mean(agrees)) if len(agrees) else 0.0
 
 
 def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adapter_comments: list[str]) -> ExportCheck:
     """merge_and_unload -> run/merged (the causal LM, its tokenizer and loracls_input.json), checked against the
-    adapter on the test split: the same labels (beyond ties) and the share of equal greedy comments."""
+    adapter on the test split: the same labels (beyond ties) and the share of equal comments (the same
+    decoding: greedy, or the candidates' rule)."""
     test, config = job.dataset.test, job.config
     merged = job.model.merge_and_unload()
 
@@ -347,7 +361,6 @@ def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adap
         )
     job.log(
         f"export: merged causal LM in {job.run / runs.MERGED}; test labels equal the adapter's (max probability "
-        f"difference {check.max_probability_difference:.2e}), {100 * check.comments_equal:.0f}% of greedy comments "
-        f"equal"
+        f"difference {check.max_probability_difference:.2e}), {100 * check.comments_equal:.0f}% of comments equal"
     )
     return check

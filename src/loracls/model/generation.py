@@ -1,11 +1,13 @@
-"""Comment generation with a causal LM: transformers' `generate` (KV cache; greedy, or sampled with a
-temperature and top-p), over length-sorted, left-padded batches, each comment bounded by `max_new_tokens`
-and ended at EOS."""
+"""Comment generation with a causal LM: transformers' `generate` (KV cache; greedy, beam search, or sampled
+with a temperature and top-p), over length-sorted, left-padded batches, each comment bounded by
+`max_new_tokens` and ended at EOS. With several candidates (beams), the comment kept is the most likely one
+that the run's own label scorer, reading it alone, gives the chosen label."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from loracls.model.label_scoring import LabelScorer, left_padded
@@ -28,13 +30,20 @@ def generate(
     runtime,
     temperature: float = 0.0,
     top_p: float = 1.0,
+    beams: int = 1,
 ) -> Generated:
-    """Each prompt's continuation up to EOS or `max_new_tokens` (temperature 0: greedy)."""
+    """Each prompt's continuation up to EOS or `max_new_tokens` (temperature 0: greedy). With `beams` > 1:
+    beam search, and each prompt's `beams` continuations, most likely first, at rows
+    [i * beams, (i + 1) * beams); a batch then holds `batch_size // beams` prompts (the same memory)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    texts, tokens = [""] * len(prompts), [0] * len(prompts)
+    texts, tokens = [""] * (len(prompts) * beams), [0] * (len(prompts) * beams)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    sampled = temperature > 0
-    options = dict(do_sample=True, temperature=temperature, top_p=top_p) if sampled else dict(do_sample=False)
+    batch_size = max(1, batch_size // beams)
+    options = dict(do_sample=False)
+    if temperature > 0:
+        options = dict(do_sample=True, temperature=temperature, top_p=top_p)
+    if beams > 1:
+        options = dict(do_sample=False, num_beams=beams, num_return_sequences=beams, early_stopping=True)
     was_training = model.training
     model.eval()
     try:
@@ -50,19 +59,41 @@ def generate(
                     pad_token_id=pad,
                     **options,
                 )
-            for row, new in zip(rows, out[:, batch["input_ids"].shape[1] :].tolist()):
+            slots = [row * beams + beam for row in rows for beam in range(beams)]
+            for slot, new in zip(slots, out[:, batch["input_ids"].shape[1] :].tolist()):
                 kept = new[: new.index(eos)] if eos in new else new
-                texts[row], tokens[row] = tokenizer.decode(kept, skip_special_tokens=True).strip(), len(kept)
+                texts[slot], tokens[slot] = tokenizer.decode(kept, skip_special_tokens=True).strip(), len(kept)
     finally:
         model.train(was_training)
     return Generated(texts, tokens)
 
 
 def comments_after_labels(
-    model, tokenizer, scorer: LabelScorer, texts: list[str], chosen, max_new_tokens: int, batch_size: int, runtime
+    model,
+    tokenizer,
+    scorer: LabelScorer,
+    texts: list[str],
+    chosen,
+    max_new_tokens: int,
+    batch_size: int,
+    runtime,
+    candidates: int = 1,
 ) -> Generated:
     """Each text's comment, generated after its prompt, its chosen label's word and the comment separator:
-    label_and_comment's test, zero-shot baseline, export check, predict and serve."""
+    label_and_comment's test, zero-shot baseline, export check, predict and serve. One candidate: greedy.
+    More: beam search, and the comment kept is the first beam (most likely first) that the label scorer,
+    reading the comment alone, gives the chosen label; the first beam where none does."""
     separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
     prompts = scorer.answer_prompts(texts, chosen, separator)
-    return generate(model, tokenizer, prompts, max_new_tokens, batch_size, runtime)
+    written = generate(model, tokenizer, prompts, max_new_tokens, batch_size, runtime, beams=candidates)
+    if candidates == 1 or not texts:
+        return written
+    was_training = model.training
+    model.eval()
+    try:
+        read_back = scorer.label_logprobs(written.texts).argmax(axis=1).reshape(len(texts), candidates)
+    finally:
+        model.train(was_training)
+    agrees = read_back == np.asarray(chosen, dtype=int).reshape(-1, 1)
+    kept = [i * candidates + (int(row.argmax()) if row.any() else 0) for i, row in enumerate(agrees)]
+    return Generated([written.texts[k] for k in kept], [written.tokens[k] for k in kept])
