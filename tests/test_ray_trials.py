@@ -63,3 +63,31 @@ def test_trial_engine_refusals(tmp_path, gemma3_dir, data_csv, capsys):
     for argv, message in cases:
         assert message in one_line_error(argv, capsys)
     assert not ray.is_initialized() and not (tmp_path / "out").exists()
+
+
+def test_a_trial_killed_for_memory_is_one_line_and_the_study_continues_later(tmp_path, gemma3_dir, data_csv, capsys):
+    """Ray's memory monitor kills a trial's worker and Tuner.fit raises: one line that says what to change, and
+    the trial the killed driver left RUNNING in study.db is marked failed when the same command runs again."""
+    import optuna
+
+    from loracls.jobs.tune import _open_study
+
+    config = str(_config_file(tmp_path / "c.yaml", gemma3_dir, data_csv, tmp_path / "out"))
+    study_dir = tmp_path / "out" / "study"
+    study_dir.mkdir(parents=True)
+    left = _open_study(study_dir, 0).ask()  # what a killed driver leaves: a trial RUNNING forever
+
+    def killed(self):
+        raise RuntimeError(
+            "Caught unexpected exception: 1 worker(s) were killed due to the node running low on memory. "
+            "Memory on the node (IP: 10.0.0.1) was 22.38GB"
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ray.tune.Tuner.fit", killed)
+        argv = ["tune", config, "--trials", "1", "--space", "r=2,4", "--set", "run_name=study", "--engine", "ray"]
+        message = one_line_error(argv, capsys)
+    assert "the node ran low on memory" in message and "--cpus-per-trial" in message and "continues" in message
+    assert not ray.is_initialized()
+    states = {t.number: t.state for t in _open_study(study_dir, 0).trials}
+    assert states[left.number] == optuna.trial.TrialState.FAIL

@@ -104,3 +104,22 @@ def test_cpu_training_uses_eager_attention_with_the_same_outputs_and_gradients(g
     assert torch.allclose(eager_logits, sdpa_logits, atol=1e-5)
     for name, grad in sdpa_grads.items():
         assert torch.allclose(eager_grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_a_linear_kept_in_bf16_reads_a_strided_view_as_a_contiguous_tensor():
+    """torch's CPU bf16 matmul takes a slow path (the weight expanded per row for a bmm) for a strided 3-D bf16
+    view, such as transformers' `logits_to_keep` slice that reaches the LM head in generation: the stored
+    Linear gets a contiguous copy, with the same output."""
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Linear(16, 64, bias=False).requires_grad_(False))
+    hidden = torch.randn(4, 5, 16, dtype=torch.bfloat16)
+    view = hidden[:, -1:, :]
+    assert not view.is_contiguous()
+    with torch.inference_mode():
+        expected = torch.nn.functional.linear(view.contiguous(), head[0].weight.bfloat16())
+    assert store_frozen_linears_in(head, torch.bfloat16) == 1
+    seen = []
+    head[0].register_forward_hook(lambda _m, args, _out: seen.append(args[0].is_contiguous()))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = head(view)
+    assert seen == [True] and torch.equal(out, expected)

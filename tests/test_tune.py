@@ -92,3 +92,19 @@ def test_space_parsing_and_refusals(tmp_path, gemma3_dir, data_csv, capsys):
     assert main(["tune", str(config), "--trials", "1", "--space", "r=0,4"]) == 2  # r=0 is out of range
     err = capsys.readouterr().err
     assert err.startswith("loracls: config: r must be >= 1") and not (tmp_path / "out").exists()
+
+
+def test_a_trial_left_running_by_a_killed_driver_is_marked_failed(tmp_path):
+    import optuna
+
+    from loracls.jobs.tune import _fail_cut_off, _open_study
+
+    study = _open_study(tmp_path, 0)
+    finished = study.ask()
+    study.tell(finished, 0.5)
+    left = study.ask()
+    said = []
+    _fail_cut_off(_open_study(tmp_path, 0), said.append)
+    states = {t.number: t.state for t in _open_study(tmp_path, 0).trials}
+    assert states == {finished.number: optuna.trial.TrialState.COMPLETE, left.number: optuna.trial.TrialState.FAIL}
+    assert said == [f"tune: trial {left.number} was cut off before it finished (its driver stopped); marked failed"]

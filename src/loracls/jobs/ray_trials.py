@@ -61,7 +61,16 @@ def run_trials(
             tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples),
             run_config=tune.RunConfig(storage_path=str((out / "ray").resolve()), name="trials", verbose=0),
         )
-        grid = tuner.fit()
+        try:
+            grid = tuner.fit()
+        except RuntimeError as exc:  # Ray's memory monitor killed a trial's worker: say what to change
+            if "low on memory" not in str(exc):
+                raise
+            raise LoraclsError(
+                f"{command}: Ray killed a trial, the node ran low on memory ({first_line(exc, 160)}); run fewer "
+                "trials at once (a larger --cpus-per-trial); the finished trials are kept and the same command "
+                "continues"
+            ) from None
         failed = [result.error for result in grid if result.error is not None]
         if failed:
             cause = getattr(failed[0], "cause", None) or failed[0]

@@ -171,15 +171,33 @@ def run_tune(
 ) -> Path:
     """Run the study (continuing one already in the tune directory), here or (`ray`: RayOptions) as Ray
     Tune trials; returns the tune directory."""
-    import optuna
-
     _check_space(bases, dims)
     first = bases[0]
     tune_dir = (Path(first.output_dir) / (first.run_name or "tune")).resolve()
     tune_dir.mkdir(parents=True, exist_ok=True)
-    study = _open_study(tune_dir, first.seed)
-    if not study.trials:
-        _enqueue_own_settings(study, first, dims, log)
+    with runs.hold(tune_dir):  # one driver a study: a trial still RUNNING in study.db was cut off
+        study = _open_study(tune_dir, first.seed)
+        _fail_cut_off(study, log)
+        if not study.trials:
+            _enqueue_own_settings(study, first, dims, log)
+        _optimize(study, bases, names, dims, tune_dir, trials, train, log, ray)
+        _write_results(_open_study(tune_dir, first.seed), tune_dir, dims, names, bases)
+    return tune_dir
+
+
+def _fail_cut_off(study, log) -> None:
+    """Trials a killed driver left RUNNING (a Ray node out of memory, kill -9) marked failed: the study then
+    counts and continues from its complete trials only."""
+    import optuna
+
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        log(f"tune: trial {trial.number} was cut off before it finished (its driver stopped); marked failed")
+
+
+def _optimize(study, bases, names, dims, tune_dir: Path, trials: int, train, log, ray) -> None:
+    import optuna
+
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     log(
         f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
@@ -199,8 +217,6 @@ def run_tune(
         study.optimize(objective, n_trials=remaining, catch=())
     elif remaining:
         _optimize_on_ray(bases, names, dims, tune_dir, remaining, train, ray, log)
-    _write_results(_open_study(tune_dir, first.seed), tune_dir, dims, names, bases)
-    return tune_dir
 
 
 def _enqueue_own_settings(study, base: Config, dims: list[Dimension], log) -> None:
