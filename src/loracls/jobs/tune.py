@@ -157,13 +157,22 @@ def _open_study(tune_dir: Path, seed: int):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(
+    study = optuna.create_study(
         study_name=STUDY,
         storage=f"sqlite:///{tune_dir / 'study.db'}",
         load_if_exists=True,
         direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed),
     )
+    study.sampler = _sampler(seed, study)
+    return study
+
+
+def _sampler(seed: int, study):
+    """TPE seeded with the seed plus the trials the study holds: a continued study draws new points (the same
+    seed replayed the first run's random start-up trials as trials 6-9 of a study continued twice)."""
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed + len(study.trials))
 
 
 def run_tune(
@@ -216,7 +225,7 @@ def _optimize(study, bases, names, dims, tune_dir: Path, trials: int, train, log
     if ray is None:
         study.optimize(objective, n_trials=remaining, catch=())
     elif remaining:
-        _optimize_on_ray(bases, names, dims, tune_dir, remaining, train, ray, log)
+        _optimize_on_ray(study, bases, names, dims, tune_dir, remaining, train, ray, log)
 
 
 def _enqueue_own_settings(study, base: Config, dims: list[Dimension], log) -> None:
@@ -256,7 +265,7 @@ def _quiet(*_args, **_kwargs) -> None:
     """A trial's runs log to their own train_log; the driver logs one line a trial."""
 
 
-def _optimize_on_ray(bases, names, dims, tune_dir: Path, remaining: int, train, ray, log) -> None:
+def _optimize_on_ray(study, bases, names, dims, tune_dir: Path, remaining: int, train, ray, log) -> None:
     import optuna
 
     from loracls.hardware import ray_session
@@ -269,7 +278,7 @@ def _optimize_on_ray(bases, names, dims, tune_dir: Path, remaining: int, train, 
             space=functools.partial(_suggest_numbered, dims),
             metric="mean_validation",
             mode="max",
-            sampler=optuna.samplers.TPESampler(seed=bases[0].seed),
+            sampler=_sampler(bases[0].seed, study),
             study_name=STUDY,
             storage=optuna.storages.RDBStorage(f"sqlite:///{tune_dir / 'study.db'}"),
         )
