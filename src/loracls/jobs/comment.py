@@ -95,8 +95,8 @@ def train_label_and_comment(config: Config | None, log, resume: str | None, held
     runs.InputFormat.of_run(job.config, decision).write(job.run / runs.ADAPTER / runs.CALIBRATION)
     probs = decision.probabilities(logits["test"])
     scored = evaluation(test.texts, test.labels, probs, job.dataset.id2label, decision)
-    comments, written = _test_comments(job, test, decision.chosen(probs), scored)
-    export = _export(job, decision, probs, written) if job.config.merge else None
+    comments = _test_comments(job, test, decision.chosen(probs), scored)
+    export = _export(job, decision) if job.config.merge else None
     if zero_shot is not None:
         comments.zero_shot_accuracy, comments.zero_shot_rouge_l = zero_shot
     if head is not None:
@@ -183,10 +183,15 @@ def _sharding(config: Config) -> bool:
 
 
 def _reloaded(job: CommentJob) -> torch.nn.Module:
-    base = AutoModelForCausalLM.from_pretrained(str(job.model_dir), dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, str(job.run / runs.ADAPTER)).to(job.runtime.device)
+    model = _saved_adapter(job)
     apply_speedups(model, job.runtime, False, False)
-    return model.eval()
+    return model
+
+
+def _saved_adapter(job: CommentJob) -> torch.nn.Module:
+    """The run's saved adapter on a fresh fp32 base, in eval mode."""
+    base = AutoModelForCausalLM.from_pretrained(str(job.model_dir), dtype=torch.float32)
+    return PeftModel.from_pretrained(base, str(job.run / runs.ADAPTER)).to(job.runtime.device).eval()
 
 
 def _quiet(*_args, **_kwargs) -> None:
@@ -298,7 +303,7 @@ def _train_head(job: CommentJob, folder: Path, resumable: bool, log) -> None:
 
 def _test_comments(
     job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation
-) -> tuple[CommentMetrics, list[str]]:
+) -> CommentMetrics:
     """Generate each test text's comment after its chosen label; score it against the reference; write the
     rows (the prediction row, the comment, the reference). With several candidates, the greedy comments too,
     for what the candidates buy; and how often the reference comments themselves read back as their label."""
@@ -327,19 +332,26 @@ def _test_comments(
         greedy = _comments(job, test.texts, chosen, candidates=1)
         record.greedy_rouge_l, _ = comment_scores(greedy.texts, test.comments)
         record.greedy_consistency = _share(_label_logprobs(job, greedy.texts).argmax(axis=1) == chosen)
-    return record, generated.texts
+    return record
 
 
 def _share(agrees: np.ndarray) -> float:
     return float(np.mean(agrees)) if len(agrees) else 0.0
 
 
-def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adapter_comments: list[str]) -> ExportCheck:
-    """merge_and_unload -> run/merged (the causal LM, its tokenizer and loracls_input.json), checked against the
-    adapter on the test split: the same labels (beyond ties) and the share of equal comments (the same
-    decoding: greedy, or the candidates' rule)."""
+def _export(job: CommentJob, decision: Decision) -> ExportCheck:
+    """The saved adapter on a fresh full-precision base -> merge_and_unload -> run/merged (the causal LM, its
+    tokenizer and loracls_input.json), checked against that adapter on the test split, both in fp32 without
+    autocast, as classification's export: the check is that the two compute the same function, not how a bf16
+    matmul rounds W x + B A x against (W + B A) x (under bf16 autocast 1 of 200 WordNet labels flipped). The
+    same labels (beyond ties) and the share of equal comments (the same decoding: greedy, or the candidates'
+    rule)."""
     test, config = job.dataset.test, job.config
-    merged = job.model.merge_and_unload()
+    exact = dataclasses.replace(job, model=_saved_adapter(job), runtime=Runtime(job.runtime.device, torch.float32))
+    adapter_probs = decision.probabilities(_label_logprobs(exact, test.texts))
+    chosen = decision.chosen(adapter_probs)
+    adapter_comments = _comments(exact, test.texts, chosen).texts
+    merged = exact.model.merge_and_unload()
 
     def fill(staging: Path) -> None:
         merged.save_pretrained(staging)
@@ -348,10 +360,10 @@ def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adap
 
     files.replace_dir(job.run / runs.MERGED, fill, "the merged model")
     standalone = AutoModelForCausalLM.from_pretrained(str(job.run / runs.MERGED), dtype=torch.float32)
-    job.model = standalone.to(job.runtime.device).eval()
-    merged_probs = decision.probabilities(_label_logprobs(job, test.texts))
+    exact.model = standalone.to(job.runtime.device).eval()
+    merged_probs = decision.probabilities(_label_logprobs(exact, test.texts))
     check = compare_predictions(adapter_probs, merged_probs, "fp32", decision)
-    again = _comments(job, test.texts, decision.chosen(adapter_probs))
+    again = _comments(exact, test.texts, chosen)
     equal = [a == b for a, b in zip(again.texts, adapter_comments)]
     check.comments_equal = float(np.mean(equal)) if equal else 1.0
     if not check.predictions_equal:
@@ -360,7 +372,8 @@ def _export(job: CommentJob, decision: Decision, adapter_probs: np.ndarray, adap
             f"test labels; {job.run / runs.MERGED} is not a faithful export"
         )
     job.log(
-        f"export: merged causal LM in {job.run / runs.MERGED}; test labels equal the adapter's (max probability "
-        f"difference {check.max_probability_difference:.2e}), {100 * check.comments_equal:.0f}% of comments equal"
+        f"export: merged causal LM in {job.run / runs.MERGED}; test labels equal the adapter's in fp32 (max "
+        f"probability difference {check.max_probability_difference:.2e}), {100 * check.comments_equal:.0f}% of "
+        "comments equal"
     )
     return check
