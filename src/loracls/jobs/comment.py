@@ -301,9 +301,7 @@ def _train_head(job: CommentJob, folder: Path, resumable: bool, log) -> None:
     train(dataclasses.replace(job.config, **settings, output_dir=str(job.run), run_name=folder.name), log)
 
 
-def _test_comments(
-    job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation
-) -> CommentMetrics:
+def _test_comments(job: CommentJob, test: Split, chosen: np.ndarray, scored: Evaluation) -> CommentMetrics:
     """Generate each test text's comment after its chosen label; score it against the reference; write the
     rows (the prediction row, the comment, the reference). With several candidates, the greedy comments too,
     for what the candidates buy; and how often the reference comments themselves read back as their label."""
