@@ -110,20 +110,16 @@ def test_a_trial_left_running_by_a_killed_driver_is_marked_failed(tmp_path):
     assert said == [f"tune: trial {left.number} was cut off before it finished (its driver stopped); marked failed"]
 
 
-def test_a_continued_study_draws_new_points():
+def test_a_continued_study_draws_new_points(tmp_path):
     """The sampler is seeded with the seed plus the trials the study holds: a rerun does not replay the first
     run's random start-up trials."""
-    import tempfile
-    from pathlib import Path
-
     from loracls.jobs.tune import _open_study
 
-    with tempfile.TemporaryDirectory() as folder:
-        drawn = []
-        for _ in range(2):  # two drivers, one after the other, on the same study.db
-            study = _open_study(Path(folder), 0)
-            for _ in range(2):
-                trial = study.ask()
-                drawn.append(trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True))
-                study.tell(trial, 0.5)
-        assert len(set(drawn)) == 4
+    drawn = []
+    for _ in range(2):  # two drivers, one after the other, on the same study.db
+        study = _open_study(tmp_path, 0)
+        for _ in range(2):
+            trial = study.ask()
+            drawn.append(trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True))
+            study.tell(trial, 0.5)
+    assert len(set(drawn)) == 4
