@@ -10,9 +10,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    AutoConfig,
     AutoModel,
-    AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     PreTrainedModel,
 )
@@ -20,6 +18,7 @@ from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from loracls.errors import LoraclsError, first_line
+from loracls.model.checkpoint import read_config, read_decoder, text_config_of
 from loracls.model.lora import HEAD_NAMES, head_name
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import problem_for
@@ -41,15 +40,36 @@ def classifier_class(config) -> type:
     # class in the auto mapping for the rest of the process, which must not replace ours
     if config.model_type in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
         return AutoModelForSequenceClassification._model_mapping[type(config)]
-    if type(config) not in AutoModelForCausalLM._model_mapping or type(config) not in AutoModel._model_mapping:
+    if type(config) not in AutoModel._model_mapping:  # a causal-LM class of its own is not needed for a head
         raise LoraclsError(f"model type {config.model_type!r} is not a decoder transformers knows")
     backbone = AutoModel._model_mapping[type(config)]
     name = backbone.__name__.removesuffix("Model") + "ForSequenceClassification"
     return type(
         name,
         (GenericForSequenceClassification, _pretrained_base(backbone)),
-        {"config_class": type(config), "__module__": __name__, "loracls_generic_head": True},
+        {
+            "config_class": type(config),
+            "__module__": __name__,
+            "loracls_generic_head": True,
+            **transformers_own_class_flags(backbone),
+        },
     )
+
+
+def transformers_own_class_flags(backbone: type) -> dict:
+    """Class attributes that make transformers treat the generic head as its own class: it reads a class's
+    source to decide whether attention / experts implementations can be set, and skips its load-time key
+    renames and buffer initialisation for classes defined outside it (Qwen3.5 and Gemma 3n load only so)."""
+    return {
+        "is_custom_code": classmethod(_not_custom_code),
+        "_can_set_attn_implementation_cached_value": backbone._can_set_attn_implementation(),
+        "_can_set_experts_implementation_cached_value": backbone._can_set_experts_implementation(),
+    }
+
+
+def _not_custom_code(cls) -> bool:
+    """transformers' GenericForSequenceClassification on transformers' own decoder: not custom code."""
+    return False
 
 
 def is_generic(model_class: type) -> bool:
@@ -85,11 +105,7 @@ def quantization_kwargs(quantization: str) -> dict:
 
 def check_max_length(model_dir: Path, max_length: int) -> None:
     """max_length must fit the model's positions (beyond them a model reads garbage or fails mid-run)."""
-    try:
-        config = AutoConfig.from_pretrained(str(model_dir))
-    except Exception as exc:
-        raise LoraclsError(f"cannot read the model config in {model_dir}: {first_line(exc)}") from None
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = text_config_of(read_config(model_dir))
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and max_length > positions:
         raise LoraclsError(
@@ -110,11 +126,8 @@ def load_classifier(
     """Base decoder + a new classification head (zeros, or transformers' random init). Refuses checkpoints
     missing weights beyond the head."""
     tokenizer = load_tokenizer(model_dir, log)
-    try:
-        config = AutoConfig.from_pretrained(str(model_dir))
-    except Exception as exc:
-        raise LoraclsError(f"cannot read the model config in {model_dir}: {first_line(exc)}") from None
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    checkpoint = read_decoder(model_dir)
+    config = checkpoint.config
     config.num_labels = len(id2label)
     config.id2label = {int(i): name for i, name in id2label.items()}
     config.label2id = {name: int(i) for i, name in id2label.items()}
@@ -122,9 +135,16 @@ def load_classifier(
     # saved with the merged model: transformers' pipeline then applies a sigmoid for label sets
     config.problem_type = problem_for(problem).hf_problem_type
     model_class = classifier_class(config)
+    if checkpoint.describe():
+        log(checkpoint.describe())
     try:
         model, info = model_class.from_pretrained(
-            str(model_dir), config=config, dtype=dtype, output_loading_info=True, **quantization_kwargs(quantization)
+            str(model_dir),
+            config=config,
+            dtype=dtype,
+            output_loading_info=True,
+            key_mapping=checkpoint.key_mapping(model_class.base_model_prefix),
+            **quantization_kwargs(quantization),
         )
     except Exception as exc:
         raise LoraclsError(f"cannot load model weights from {model_dir}: {first_line(exc)}") from None
