@@ -27,9 +27,15 @@ TEXT = dict(
 )
 SLIDING = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
 HYBRID = dict(layer_types=["linear_attention", "full_attention"])
-LINEAR_ATTENTION = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
+LINEAR_ATTENTION = dict(
+    linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8
+)
 GEMMA4_TEXT = dict(
-    **SLIDING, vocab_size_per_layer_input=None, hidden_size_per_layer_input=8, global_head_dim=16, num_kv_shared_layers=0
+    **SLIDING,
+    vocab_size_per_layer_input=None,
+    hidden_size_per_layer_input=8,
+    global_head_dim=16,
+    num_kv_shared_layers=0,
 )
 GEMMA4_VISION = dict(
     hidden_size=16,
@@ -45,12 +51,26 @@ GEMMA4_VISION = dict(
 GEMMA4_AUDIO = dict(
     hidden_size=16, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4], output_proj_dims=32
 )
-SIGLIP = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4)
+SIGLIP = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4
+)
 PIXTRAL = dict(
-    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8, image_size=16, patch_size=4
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    head_dim=8,
+    image_size=16,
+    patch_size=4,
 )
 QWEN_VISION = dict(
-    depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, num_position_embeddings=16, patch_size=4
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=32,
+    num_position_embeddings=16,
+    patch_size=4,
 )
 GEMMA3N_AUDIO = dict(
     input_feat_size=16,

@@ -8,7 +8,7 @@ def test_defaults_are_the_embedded_default_job():
     config = load_config()
     assert (config.train_size, config.validation_size, config.test_size) == (5000, 800, 1200)
     assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 16.0, 0.05)
-    assert config.target_modules == ["q_proj", "v_proj"]
+    assert config.target_modules is None  # the family's query and value projections
     assert (config.batch_size, config.gradient_accumulation, config.epochs, config.warmup_steps) == (16, 2, 3, 100)
     assert (config.learning_rate, config.weight_decay, config.max_grad_norm, config.max_length) == (
         1e-3,

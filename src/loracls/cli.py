@@ -144,23 +144,22 @@ def cmd_export(args) -> None:
 
 def cmd_modules(args) -> None:
     import torch
-    from transformers import AutoConfig
 
-    from loracls.errors import first_line
+    from loracls.model.checkpoint import read_decoder
     from loracls.model.classifier import classifier_class
-    from loracls.model.lora import match_targets, module_summary
+    from loracls.model.lora import default_targets, match_targets, module_summary
     from loracls.model.source import resolve_model_dir
 
-    model_dir = resolve_model_dir(args.model, log)
-    try:
-        config = AutoConfig.from_pretrained(str(model_dir)).get_text_config()
-    except Exception as exc:
-        raise LoraclsError(f"cannot read the model config in {model_dir}: {first_line(exc)}") from None
+    checkpoint = read_decoder(resolve_model_dir(args.model, log))  # refuses a checkpoint train would refuse
+    config = checkpoint.config
     config.num_labels = 2
     with torch.device("meta"):
         model = classifier_class(config)(config)
+    if checkpoint.describe():
+        print(checkpoint.describe() + "\n")
     for name, description, count in module_summary(model):
         print(f"{name:<48} {description:<28} x{count}")
+    print(f"\ntarget_modules: null (the default) takes {default_targets(model, lambda *_: None)}")
     for pattern in args.pattern or []:
         matched = match_targets(model, [pattern])
         print(f"\npattern {pattern!r} matches {len(matched)} module(s)" + (":" if matched else ""))

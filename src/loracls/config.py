@@ -95,8 +95,10 @@ class Config:
     r: int = _help(8, "LoRA rank (the adapter matrices' inner size)", ge=1)
     lora_alpha: float = _help(16.0, "LoRA scaling (alpha / r multiplies the update)", gt=0.0)
     lora_dropout: float = _help(0.05, "dropout on LoRA's input", ge=0.0, le=0.999)
-    target_modules: list[str] = _help(
-        lambda: ["q_proj", "v_proj"], "module-name suffixes (PEFT's) or regexes over full names; see `modules`"
+    target_modules: list[str] | None = _help(
+        None,
+        "module-name suffixes (PEFT's) or regexes over full names, matched strictly; null: the family's query and "
+        "value projections (q_proj, v_proj; a fused qkv_proj where those do not exist); see `modules`",
     )
     # --- optimisation ---
     learning_rate: float = _help(
@@ -166,7 +168,7 @@ class Config:
 
     def validate(self) -> Config:
         """The checks that span fields (pydantic checks each field's range and choices when it is made)."""
-        if not self.target_modules:
+        if self.target_modules is not None and not self.target_modules:
             raise LoraclsError("config: target_modules is empty")
         check_template("input_template", self.input_template, ("text",))
         check_template("prompt_template", self.prompt_template, ("text", "choices"))

@@ -158,6 +158,7 @@ class ExportCheck:
     comments_equal: float | None = None  # label_and_comment: share of greedy comments equal to the adapter's
     accuracy: float | None = None  # int8 ONNX: the export's test accuracy ...
     reference_accuracy: float | None = None  # ... and the fp32 PyTorch model's, on the same texts
+    non_finite: int = 0  # texts on which the export gave NaN or inf
 
 
 @dataclass

@@ -9,13 +9,12 @@ import re
 import time
 
 import numpy as np
-import torch
-from transformers import AutoModelForCausalLM
 
 from loracls.calibration import reliability
 from loracls.config import EMBEDDED_DATA, Config, check_template
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import LoraclsError
 from loracls.metrics import classification_metrics
+from loracls.model.checkpoint import load_causal_lm
 from loracls.model.label_scoring import LabelScorer
 from loracls.runs import BaselineRecord
 
@@ -94,9 +93,9 @@ def run_baseline(
     """Zero-shot metrics (plain and calibrated) and the two probability arrays."""
     template, words = prompt_setup(config, id2label)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(runtime.device).eval()
-    except Exception as exc:
-        raise LoraclsError(f"baseline: cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None
+        model = load_causal_lm(model_dir).to(runtime.device).eval()
+    except LoraclsError as exc:
+        raise LoraclsError(f"baseline: {exc}") from None
     scorer = LabelScorer(model, tokenizer, template, words, config.max_length, config.eval_batch_size, runtime)
     started = time.perf_counter()
     scores = scorer.label_logprobs(texts, progress=True)

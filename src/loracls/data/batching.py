@@ -27,6 +27,22 @@ def _template_budget(tokenizer, max_length: int, template: str) -> int:
     return max_length - overhead
 
 
+def check_texts_have_tokens(tokenizer, splits: dict[str, list[str]]) -> None:
+    """Refuse texts the tokenizer turns into no tokens beyond its special ones: a model would read nothing
+    but BOS/EOS, and a tokenizer that does not fit the data would give chance accuracy without a word."""
+    empty = []
+    for name, texts in splits.items():
+        pieces = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+        empty += [(name, i, texts[i]) for i, ids in enumerate(pieces) if not ids]
+    if empty:
+        total = sum(len(texts) for texts in splits.values())
+        name, index, text = empty[0]
+        raise LoraclsError(
+            f"data: {len(empty)} of {total} texts encode to no tokens, e.g. {name} text {index}: {text[:60]!r}: "
+            f"the tokenizer does not fit this data"
+        )
+
+
 def encode_with_truncation(
     tokenizer, texts: list[str], max_length: int, template: str | None = None
 ) -> tuple[list[list[int]], list[bool]]:

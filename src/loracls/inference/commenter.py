@@ -4,14 +4,13 @@ run's temperature), then its comment generated after that label. The base causal
 from __future__ import annotations
 
 import numpy as np
-import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from loracls import runs
 from loracls.data.batching import Encoded
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
+from loracls.model.checkpoint import load_causal_lm
 from loracls.model.generation import comments_after_labels
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.source import resolve_model_dir
@@ -40,7 +39,7 @@ class Commenter:
         model_dir = resolve_model_dir(config.model, log)
         self.tokenizer = load_tokenizer(model_dir, lambda *a: None)
         try:
-            base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            base = load_causal_lm(model_dir)
             self.model = PeftModel.from_pretrained(base, str(run / runs.ADAPTER)).to(self.runtime.device).eval()
             self.source = f"{config.model} + {run / runs.ADAPTER}"
         except Exception as exc:

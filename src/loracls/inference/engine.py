@@ -94,6 +94,7 @@ class Classifier(RunFormat):
         merged = run / runs.MERGED
         if (merged / "config.json").is_file():
             self.model, self.tokenizer = load_standalone(merged), load_tokenizer(merged, log)
+            self.decision = runs.InputFormat.read(merged / runs.INPUT_FORMAT).decision  # the temperature is in the head
             self.source = str(merged)
             return
         from peft import PeftModel

@@ -26,12 +26,13 @@ from transformers import AutoModelForCausalLM
 from loracls import files, runs
 from loracls.config import Config
 from loracls.data.splits import Dataset, Split, format_counts, load_dataset
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import LoraclsError
 from loracls.hardware import Runtime, precision_reason, setup_runtime
 from loracls.inference.export import compare_predictions
 from loracls.jobs.preflight import preflight
 from loracls.jobs.train import new_run, train
 from loracls.metrics import comment_scores
+from loracls.model.checkpoint import load_causal_lm
 from loracls.model.generation import Generated, comments_after_labels
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.lora import LoraReport, apply_causal_lora
@@ -161,10 +162,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     model_dir = resolve_model_dir(config.model, log)
     tokenizer = load_tokenizer(model_dir, log)
     torch.manual_seed(config.seed)
-    try:
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    except Exception as exc:
-        raise LoraclsError(f"model: cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None
+    base = load_causal_lm(model_dir, log=log)
     model, lora = apply_causal_lora(
         base, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log
     )  # fmt: skip
@@ -190,7 +188,7 @@ def _reloaded(job: CommentJob) -> torch.nn.Module:
 
 def _saved_adapter(job: CommentJob) -> torch.nn.Module:
     """The run's saved adapter on a fresh fp32 base, in eval mode."""
-    base = AutoModelForCausalLM.from_pretrained(str(job.model_dir), dtype=torch.float32)
+    base = load_causal_lm(job.model_dir)
     return PeftModel.from_pretrained(base, str(job.run / runs.ADAPTER)).to(job.runtime.device).eval()
 
 

@@ -20,7 +20,7 @@ from loracls.baselines.encoder import check_encoder
 from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
 from loracls.calibration import CalibrationRecord
 from loracls.config import Config, from_dict
-from loracls.data.batching import Encoded, TextEncoder
+from loracls.data.batching import Encoded, TextEncoder, check_texts_have_tokens
 from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_merged
@@ -29,7 +29,7 @@ from loracls.jobs.preflight import preflight
 from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 from loracls.model.classifier import LoadedModel, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.lora import LoraReport, apply_lora
-from loracls.model.scoring import evaluate, predict_logits
+from loracls.model.scoring import check_finite_forward, evaluate, predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import apply_speedups
 from loracls.problems import Decision, evaluation, problem_for
@@ -168,6 +168,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
         units = distributed.shard_model(model)
         log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
     attention = apply_speedups(model, runtime, config.quantization != "none", distributed.is_sharded(model))
+    check_finite_forward(model, encoded["train"].ids[:4], loaded.tokenizer.pad_token_id, runtime)
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
@@ -201,6 +202,7 @@ def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str
     window of a long training text is an example with the text's label, or only its first window with
     `chunk_training: first`; an evaluated text is the mean of its windows' logits); how many texts are
     longer than max_length (and what `long_text` does with them) is said, never silent."""
+    check_texts_have_tokens(tokenizer, {name: getattr(dataset, name).texts for name in ("train", "validation", "test")})
     encoded, encoder = {}, TextEncoder.for_config(config, tokenizer)
     first_only = config.long_text == "chunks" and config.chunk_training == "first"
     train_encoder = TextEncoder.for_config(config, tokenizer, "truncate") if first_only else encoder

@@ -156,3 +156,25 @@ def is_wrapper_config(model_dir: Path) -> bool:
         return "text_config" in json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return False
+
+
+def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32, log=None):
+    """The checkpoint's language model with its LM head, as transformers' text-only causal LM (a wrapper's
+    towers are not loaded): the zero-shot baseline and label_and_comment score and write with it."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = read_decoder(model_dir)
+    if log is not None and checkpoint.describe():
+        log(checkpoint.describe())
+    model_class = AutoModelForCausalLM._model_mapping.get(type(checkpoint.config), None)
+    if model_class is None:
+        raise LoraclsError(
+            f"model type {checkpoint.config.model_type!r} has no causal-LM class in transformers: the zero-shot "
+            f"baseline and label_and_comment need one (baselines without zero_shot, baseline: false)"
+        )
+    try:
+        return model_class.from_pretrained(
+            str(model_dir), config=checkpoint.config, dtype=dtype, key_mapping=checkpoint.key_mapping()
+        )
+    except Exception as exc:
+        raise LoraclsError(f"cannot load {model_dir} as a causal LM: {first_line(exc, 200)}") from None

@@ -206,6 +206,7 @@ def check_loaded_weights(info: dict, source) -> None:
 def write_generic_module(directory: Path, model_class: type) -> None:
     """Make a generic-head model directory loadable by plain transformers (trust_remote_code=True)."""
     base, config_class = _pretrained_base(model_class), model_class.config_class
+    flags = transformers_own_class_flags(base)
     source = (
         '"""Written by loracls: a sequence classifier for a decoder transformers has no head class for."""\n'
         "from transformers.modeling_layers import GenericForSequenceClassification\n"
@@ -214,6 +215,13 @@ def write_generic_module(directory: Path, model_class: type) -> None:
         f"class {model_class.__name__}(GenericForSequenceClassification, {base.__name__}):\n"
         f"    config_class = {config_class.__name__}\n"
         "    loracls_generic_head = True\n"
+        "    # transformers' own head on its own decoder: its load-time steps apply as to its own classes\n"
+        f"    _can_set_attn_implementation_cached_value = {flags['_can_set_attn_implementation_cached_value']}\n"
+        f"    _can_set_experts_implementation_cached_value = {flags['_can_set_experts_implementation_cached_value']}\n"
+        "\n"
+        "    @classmethod\n"
+        "    def is_custom_code(cls):\n"
+        "        return False\n"
     )
     (directory / GENERIC_MODULE).write_text(source)
     config_path = directory / "config.json"

@@ -96,6 +96,34 @@ def check_targets(model: nn.Module, patterns: list[str], head: str | None = "") 
     return matched
 
 
+DEFAULT_TARGETS = ["q_proj", "v_proj"]
+# a fused query/key/value projection (Phi-3 / Phi-4 qkv_proj, GPT-NeoX query_key_value, MPT Wqkv, GPT-2 c_attn)
+FUSED_QKV = re.compile(r"(.*qkv.*|query_key_value|c_attn)", re.IGNORECASE)
+
+
+def default_targets(model: nn.Module, log=print) -> list[str]:
+    """`target_modules: null`: the query and value projections, q_proj and v_proj; where they do not exist,
+    the fused query/key/value projections that the model has (said in one line)."""
+    if match_targets(model, DEFAULT_TARGETS):
+        return list(DEFAULT_TARGETS)
+    fused = sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and FUSED_QKV.fullmatch(name.rsplit(".", 1)[-1])
+        }
+    )
+    if not fused:
+        return list(DEFAULT_TARGETS)  # check_targets then refuses, listing the linear modules there are
+    log(f"lora: this model has no q_proj / v_proj; target_modules defaults to its fused {', '.join(fused)}")
+    return fused
+
+
+def resolve_targets(model: nn.Module, patterns: list[str] | None, log=print) -> list[str]:
+    """The config's target_modules, strict; null: the family's default."""
+    return default_targets(model, log) if patterns is None else list(patterns)
+
+
 @dataclass
 class LoraReport:
     matched: list[str]
@@ -105,9 +133,15 @@ class LoraReport:
 
 
 def apply_lora(
-    model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str], log=print, cheap_dropout: bool = True
+    model: nn.Module,
+    r: int,
+    alpha: float,
+    dropout: float,
+    patterns: list[str] | None,
+    log=print,
+    cheap_dropout: bool = True,
 ) -> tuple[PeftModel, LoraReport]:
-    matched = check_targets(model, patterns)
+    matched = check_targets(model, resolve_targets(model, patterns, log))
     head = head_name(model)
     lora_config = LoraConfig(
         task_type=TaskType.SEQ_CLS,
@@ -135,10 +169,10 @@ def apply_lora(
 
 
 def apply_causal_lora(
-    model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str], log=print
+    model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str] | None, log=print
 ) -> tuple[PeftModel, LoraReport]:
     """LoRA on a causal LM that keeps its own LM head (label_and_comment: no classification head)."""
-    matched = check_targets(model, patterns, head=None)
+    matched = check_targets(model, resolve_targets(model, patterns, log), head=None)
     config = LoraConfig(
         task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=matched
     )

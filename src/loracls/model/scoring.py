@@ -12,6 +12,7 @@ from tqdm import tqdm
 from loracls.calibration import softmax
 from loracls.data.batching import Encoded, collate, sorted_batches
 from loracls.data.splits import Split
+from loracls.errors import LoraclsError
 from loracls.problems import Decision, Evaluation, evaluation
 
 PROGRESS_FROM = 2000  # texts: below this a progress bar is noise
@@ -91,3 +92,51 @@ def evaluate(
     probabilities, then the metrics record, loss and rows (`problems.evaluation`). Pure: writes nothing."""
     logits = encoded.per_text(predict_logits(model, encoded.ids, pad_id, batch_size, runtime))
     return evaluation(split.texts, split.labels, decision.probabilities(logits), id2label, decision)
+
+
+def _first_value(output):
+    """The tensor a module returned (the first of a tuple, a model output's first field), or None."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    first = getattr(output, "to_tuple", None)
+    return _first_value(first()) if first is not None else None
+
+
+@torch.no_grad()
+def check_finite_forward(model, ids: list[list[int]], pad_id: int, runtime) -> None:
+    """Refuse a model whose forward gives NaN or inf on a few training texts, naming the first module (in the
+    order they run) whose output is not finite: uninitialised buffers, a weight that overflows its dtype."""
+    if not ids:
+        return
+    bad: list[str] = []
+
+    def watch(name):
+        def hook(_module, _inputs, output):
+            value = _first_value(output)
+            if not bad and value is not None and value.is_floating_point() and not torch.isfinite(value).all():
+                bad.append(name)
+
+        return hook
+
+    handles = [module.register_forward_hook(watch(name)) for name, module in model.named_modules() if name]
+    was_training = model.training
+    model.eval()
+    try:
+        batch = collate(ids, pad_id)
+        with runtime.autocast:
+            logits = model(
+                input_ids=batch["input_ids"].to(runtime.device),
+                attention_mask=batch["attention_mask"].to(runtime.device),
+            ).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    if not torch.isfinite(logits.float()).all():
+        where = f"first in {bad[0]}" if bad else "in the head"
+        raise LoraclsError(
+            f"the model gives non-finite values (NaN or inf) on {len(ids)} training texts, {where}: "
+            f"refusing to train on it (check the checkpoint's weights and precision)"
+        )

@@ -10,7 +10,7 @@ branches on the type.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -83,6 +83,18 @@ class Problem(ABC):
     label_heading: ClassVar[str]  # the per-label table's first column
     zero_shot_unsupported: ClassVar[str | None] = None  # why a one-word prompt cannot answer it (None: it can)
     generative: ClassVar[bool] = False  # trains the causal LM itself (its own job), not a classification head
+
+    # --- export ---------------------------------------------------------------------------------------
+
+    def fold_into_head(self, head, config, decision: Decision, id2label: dict[int, str]) -> Decision:
+        """Put the fitted decision into the exported model itself, so that any client's softmax (transformers'
+        pipeline, TEI, vLLM) gives the calibrated probabilities; returns the decision left to apply to the
+        exported logits. single_label: the temperature divides the head's weights and bias (exact)."""
+        with torch.no_grad():
+            head.weight.div_(decision.temperature)
+            if getattr(head, "bias", None) is not None:
+                head.bias.div_(decision.temperature)
+        return replace(decision, temperature=1.0)
 
     # --- data ---------------------------------------------------------------------------------------
 

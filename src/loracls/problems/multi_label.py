@@ -187,6 +187,13 @@ class MultiLabel(Problem):
     def thresholds(self, metrics: MultiLabelMetrics) -> dict[str, float]:
         return metrics.thresholds
 
+    def fold_into_head(self, head, config, decision: Decision, id2label: dict[int, str]) -> Decision:
+        """A sigmoid per label needs no temperature; the per-label thresholds go into the model config
+        (`loracls_thresholds`, by label name) and the model card for clients that read probabilities."""
+        cut = decision.thresholds or [DEFAULT_THRESHOLD] * len(id2label)
+        config.loracls_thresholds = {id2label[i]: float(t) for i, t in enumerate(cut)}
+        return decision
+
     def served_fields(self, probs_row, decision, id2label) -> dict:
         """`labels`: every label at or above its threshold (maybe none)."""
         return {"labels": decision.label_of(probs_row, id2label)}
