@@ -95,6 +95,7 @@ class Family:
     wrapper: dict = field(default_factory=dict)  # the wrapper config's own fields
     fused_targets: bool = False  # the default q_proj, v_proj match nothing (fused qkv_proj)
     moe: bool = False
+    byte_level: bool = False  # transformers forces a byte-level BPE tokenizer class on this model type
 
     @property
     def multimodal(self) -> bool:
@@ -152,6 +153,7 @@ FAMILIES = [
         dict(**HYBRID, **LINEAR_ATTENTION, **MOE, shared_expert_intermediate_size=32),
         {"vision_config": QWEN_VISION},
         moe=True,
+        byte_level=True,
     ),
 ]
 BY_NAME = {family.name: family for family in FAMILIES}
@@ -204,9 +206,31 @@ def towers_without_backends():
         yield
 
 
-def write_family(directory: Path, family: Family, tokenizer) -> Path:
+def byte_level_tokenizer():
+    """A byte-level BPE trained on the synthetic words (Qwen3.5's tokenizer class rebuilds one from the
+    saved vocabulary and merges, and reads a word-level tokenizer's texts as no tokens at all)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import NEGATIVE, NEUTRAL, POSITIVE, SPECIALS
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, initial_alphabet=alphabet)
+    words = POSITIVE + NEGATIVE + NEUTRAL + [str(i) for i in range(100)]
+    backend.train_from_iterator([" ".join(words)] * 20 + words, trainer)
+    specials = {"eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **specials)
+
+
+def write_family(directory: Path, family: Family, tokenizer=None) -> Path:
     """A checkpoint of the family's released class, written by save_pretrained (its on-disk layout)."""
+    from conftest import make_tokenizer
+
     torch.manual_seed(0)
+    tokenizer = byte_level_tokenizer() if family.byte_level else (tokenizer or make_tokenizer())
     config = family_config(family, len(tokenizer))
     config.architectures = [family.architecture]
     with towers_without_backends():

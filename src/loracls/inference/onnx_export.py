@@ -6,7 +6,6 @@ exporter cannot handle is refused with one line naming the exporter's error; not
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from loracls.data.batching import collate
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError, first_line
 from loracls.inference.engine import Classifier
-from loracls.inference.export import compare_predictions
+from loracls.inference.export import compare_predictions, export_checked
 from loracls.model.scoring import batched_logits, predict_logits
 from loracls.problems import evaluation
 from loracls.runs import INPUT_FORMAT, ExportCheck, InputFormat
@@ -71,6 +70,46 @@ def _export(model, example: dict, target: Path) -> None:
     program.save(str(target), external_data=True)  # a full disk here is said as such by replace_dir
 
 
+def use_exportable_experts(model, log) -> None:
+    """MoE layers: transformers' default experts code loops over the experts a batch picks (a data-dependent
+    loop the exporter refuses); `batched_mm` computes every expert with batched matmuls, which exports."""
+    if not any("experts" in name.rsplit(".", 1)[-1] for name, _ in model.named_modules()):
+        return
+    try:
+        model.set_experts_implementation("batched_mm")
+    except (ValueError, AttributeError) as exc:
+        log(f"export: the experts implementation stays as it is ({first_line(exc, 120)})")
+        return
+    log("export: mixture-of-experts layers exported with experts_implementation='batched_mm'")
+
+
+def check_dynamic_inputs(path: Path) -> None:
+    """The graph's inputs must keep batch and sequence length free (a graph fixed at the example's shape
+    would fail on every other input)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim
+        fixed = [f"{axis} at {dim.dim_value}" for axis, dim in zip(("batch", "sequence"), dims) if not dim.dim_param]
+        if fixed:
+            raise LoraclsError(
+                f"the ONNX exporter fixed {value.name}'s {', '.join(fixed)} for this model (it cannot keep them "
+                f"dynamic); not kept"
+            )
+
+
+def _run_onnx(path: Path, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
+    """onnxruntime's logits; a session or run failure is one line."""
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return _onnx_logits(session, ids, pad_id, batch_size)
+    except Exception as exc:  # onnxruntime's own errors have no common base class
+        raise LoraclsError(f"onnxruntime cannot run the exported model: {first_line(exc, 240)}; not kept") from None
+
+
 def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
     return batched_logits(
         ids, pad_id, batch_size, lambda batch: session.run(None, {k: v.numpy() for k, v in batch.items()})[0]
@@ -82,8 +121,6 @@ def export_onnx(
 ) -> list[ExportCheck]:
     """The fp32 export's check, then (`quantize: int8`) the int8 model's."""
     _require_onnx()
-    import onnxruntime
-
     run = runs.check_run_dir(run_path)
     config = runs.read_config(run)
     target = Path(out) if out else run / ONNX_DIR
@@ -101,9 +138,11 @@ def export_onnx(
     pad = classifier.tokenizer.pad_token_id
     example = collate(ids[:2], pad)
     log(f"export: tracing {classifier.name} for ONNX (torch.onnx dynamo exporter) ...")
+    use_exportable_experts(classifier.model, log)
 
     def fill(staging: Path) -> None:
         _export(classifier.model, example, staging / "model.onnx")
+        check_dynamic_inputs(staging / "model.onnx")
         classifier.tokenizer.save_pretrained(staging)
         InputFormat(
             classifier.input_template,
@@ -114,34 +153,35 @@ def export_onnx(
         ).write(staging / INPUT_FORMAT)
         files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
-    files.replace_dir(target, fill, "the ONNX export")
-    session = onnxruntime.InferenceSession(str(target / "model.onnx"), providers=["CPUExecutionProvider"])
-    started = time.perf_counter()
-    torch_logits = predict_logits(classifier.model, ids, pad, classifier.batch_size, classifier.runtime)
-    torch_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    onnx_logits = _onnx_logits(session, ids, pad, classifier.batch_size)
-    onnx_seconds = time.perf_counter() - started
-    a, b = (classifier.calibrated(encoded.per_text(logits)) for logits in (torch_logits, onnx_logits))
-    check = dataclasses.replace(
-        compare_predictions(a, b, "fp32", classifier.decision),
-        format="onnx",
-        file=str(target / "model.onnx"),
-        texts_per_second=len(a) / onnx_seconds,
-        reference_texts_per_second=len(a) / torch_seconds,
-    )
-    runs.write_record(target / "export_check.json", check)
+    def check(staging: Path) -> tuple[ExportCheck, np.ndarray, float]:
+        started = time.perf_counter()
+        torch_logits = predict_logits(classifier.model, ids, pad, classifier.batch_size, classifier.runtime)
+        torch_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        onnx_logits = _run_onnx(staging / "model.onnx", ids, pad, classifier.batch_size)
+        onnx_seconds = time.perf_counter() - started
+        a, b = (classifier.calibrated(encoded.per_text(logits)) for logits in (torch_logits, onnx_logits))
+        result = dataclasses.replace(
+            compare_predictions(a, b, "fp32", classifier.decision),
+            format="onnx",
+            file=str(target / "model.onnx"),
+            texts_per_second=len(a) / onnx_seconds,
+            reference_texts_per_second=len(a) / torch_seconds,
+        )
+        if result.non_finite or result.max_probability_difference > MATCH_TOLERANCE:
+            raise LoraclsError(
+                f"the ONNX model differs from PyTorch by {result.max_probability_difference:.2e} in probability "
+                f"(tolerance {MATCH_TOLERANCE}; non-finite on {result.non_finite} texts); not kept"
+            )
+        runs.write_record(staging / "export_check.json", result)
+        return result, a, torch_seconds
+
+    check, a, torch_seconds = export_checked(target, fill, check, "the ONNX export")
     log(
         f"export: {check.file}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max probability "
         f"difference {check.max_probability_difference:.2e}, {check.disagreements} label disagreement(s); "
         f"{check.texts_per_second:.1f} vs {check.reference_texts_per_second:.1f} texts/s"
     )
-    if check.max_probability_difference > MATCH_TOLERANCE:
-        shutil.rmtree(target, ignore_errors=True)
-        raise LoraclsError(
-            f"the ONNX model differs from PyTorch by {check.max_probability_difference:.2e} in "
-            f"probability (tolerance {MATCH_TOLERANCE}); not kept"
-        )
     if quantize is None:
         return [check]
     return [check, _quantized(target, classifier, encoded, a, test, torch_seconds, log)]
