@@ -137,7 +137,7 @@ def read_decoder(model_dir: Path) -> DecoderCheckpoint:
     votes = _prefix_votes(keys, names)
     prefix, found = votes.most_common(1)[0] if votes else ("", 0)
     if found * 2 < len(names):
-        held = sorted({_group(key, "") for key in keys})[:4]
+        held = sorted({".".join(key.split(".")[:2]) for key in keys if not key.startswith(prefix) or not found})[:4]
         raise LoraclsError(
             f"checkpoint {model_dir} ({architecture}) holds {found} of its language model's {len(names)} "
             f"weights (it holds {', '.join(held)}); refusing to train on randomly initialised layers"
