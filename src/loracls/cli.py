@@ -160,6 +160,11 @@ def cmd_modules(args) -> None:
     for name, description, count in module_summary(model):
         print(f"{name:<48} {description:<28} x{count}")
     print(f"\ntarget_modules: null (the default) takes {default_targets(model, lambda *_: None)}")
+    parameters = sum(p.numel() for p in model.parameters())
+    print(
+        f"decoder + head: {parameters / 1e6:,.1f}M parameters, {2 * parameters / 2**30:.2f} GiB in bf16 "
+        f"(training with LoRA adds the activations of a micro-batch, the adapters and their AdamW state)"
+    )
     for pattern in args.pattern or []:
         matched = match_targets(model, [pattern])
         print(f"\npattern {pattern!r} matches {len(matched)} module(s)" + (":" if matched else ""))
