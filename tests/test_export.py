@@ -136,3 +136,25 @@ def test_int8_onnx_export_is_checked_against_fp32(run_copy, capsys):
     (answer,) = ask(OnnxClassifier(str(run_copy), lambda *a: None), [("POST", "/classify", {"input": texts})])
     assert answer.status_code == 200
     assert [item["label"] for item in answer.json()["data"]] == [r["prediction"] for r in rows["onnx"]]
+
+
+def test_a_failed_export_check_leaves_the_previous_export_in_place(run_copy, monkeypatch, capsys):
+    """The merged export is checked in staging: after a failed check the old merged/ is untouched."""
+    import hashlib
+
+    import numpy as np
+
+    def digest():
+        return hashlib.sha256((run_copy / "merged" / "model.safetensors").read_bytes()).hexdigest()
+
+    before = digest()
+
+    def nan_probabilities(directory, ids):
+        return np.full((len(ids), 2), np.nan, dtype=np.float32)
+
+    monkeypatch.setattr("loracls.inference.plain_check.plain_probabilities", nan_probabilities)
+    assert main(["export", str(run_copy), "--format", "merged", "--dtype", "bf16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "gives NaN or inf on 60 of 60 test texts read by plain transformers" in err, err
+    assert "nothing was replaced" in err and digest() == before
+    assert not [p.name for p in run_copy.glob(".merged*")]

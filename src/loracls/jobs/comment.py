@@ -350,7 +350,7 @@ def _export(job: CommentJob, decision: Decision) -> ExportCheck:
     merged = exact.model.merge_and_unload()
 
     def fill(staging: Path) -> None:
-        merged.save_pretrained(staging)
+        merged.save_pretrained(staging, save_original_format=False)  # the text layout (see inference/export.py)
         job.tokenizer.save_pretrained(staging)
         runs.InputFormat.of_run(config, decision).write(staging / runs.INPUT_FORMAT)
 
