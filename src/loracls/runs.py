@@ -91,6 +91,10 @@ class EncoderRecord:
     parameters: int
     trainable_parameters: int
     size_mb: float  # weights in fp32
+    max_epochs: int | None = None  # the cap (encoder_epochs)
+    curve: list[float] = field(default_factory=list)  # validation select_by after each epoch (loss: negated)
+    learning_rates: dict[str, float] = field(default_factory=dict)  # the grid: lr -> its best validation score
+    still_improving: bool = False  # the best epoch was the cap: more epochs may have helped
 
 
 @dataclass
@@ -275,8 +279,13 @@ def read_tfidf(run: Path) -> TfidfRecord:
     return read_record(run / TFIDF, TfidfRecord)
 
 
-def read_encoder(run: Path) -> EncoderRecord:
-    return read_record(run / ENCODER, EncoderRecord)
+def encoder_file(index: int) -> str:
+    """The first encoder's record is encoder.json (as before several encoders), the next encoder.2.json, ..."""
+    return ENCODER if index == 0 else f"encoder.{index + 1}.json"
+
+
+def read_encoder(run: Path, index: int = 0) -> EncoderRecord:
+    return read_record(run / encoder_file(index), EncoderRecord)
 
 
 @dataclass

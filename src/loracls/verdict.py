@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["LadderRow", "Verdict", "decide"]
+__all__ = ["LadderRow", "Verdict", "decide", "standard_error"]
 
 
 @dataclass
@@ -35,6 +35,7 @@ class Verdict:
     metric: str  # what was compared: accuracy | macro_f1
     noise: float  # one standard error of the best score on this test split
     rows: list[LadderRow] = field(default_factory=list)
+    examples: int = 0  # texts in the test split (each row's standard error is sqrt(p(1-p)/examples))
 
 
 def _score(row: LadderRow, metric: str) -> float:
@@ -61,7 +62,14 @@ def decide(rows: list[LadderRow], examples: int, metric: str = "accuracy") -> Ve
     noise = math.sqrt(max(p * (1 - p), 1e-12) / max(examples, 1))
     level = [r for r in rows if _score(best, metric) - _score(r, metric) <= noise]
     ship = max(level, key=lambda r: (_speed(r), _score(r, metric)))
-    return Verdict(ship=ship.name, reason=_reason(ship, rows, metric, noise), metric=metric, noise=noise, rows=rows)
+    reason = _reason(ship, rows, metric, noise)
+    return Verdict(ship=ship.name, reason=reason, metric=metric, noise=noise, rows=rows, examples=examples)
+
+
+def standard_error(score: float, examples: int) -> float:
+    """One standard error of a score that is a share of `examples` texts."""
+    p = min(max(score, 0.0), 1.0)
+    return math.sqrt(max(p * (1 - p), 1e-12) / max(examples, 1))
 
 
 def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -> str:
@@ -94,10 +102,14 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
 
 def format_table(verdict: Verdict) -> str:
     """The table as text (the log's side-by-side view)."""
-    lines = [f"{'model':<22} {'accuracy':>8} {'macro F1':>8} {'ECE':>6} {'train s':>8} {'texts/s':>8} {'params':>8}"]
+    lines = [
+        f"{'model':<22} {'accuracy':>8} {'± se':>6} {'macro F1':>8} {'ECE':>6} {'train s':>8} {'texts/s':>8} "
+        f"{'params':>8}"
+    ]
     for r in verdict.rows:
+        se = f"{standard_error(r.accuracy, verdict.examples):6.4f}" if verdict.examples else f"{'-':>6}"
         lines.append(
-            f"{r.name:<22} {r.accuracy:8.4f} {r.macro_f1:8.4f} {_num(r.ece, '6.3f')} "
+            f"{r.name:<22} {r.accuracy:8.4f} {se} {r.macro_f1:8.4f} {_num(r.ece, '6.3f')} "
             f"{_num(r.train_seconds, '8.0f')} {_num(r.texts_per_second, '8.1f')} {_params(r.parameters):>8}"
         )
     return "\n".join(lines + [f"verdict: {verdict.reason}"])

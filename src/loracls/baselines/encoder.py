@@ -1,6 +1,9 @@
-"""The baseline a practitioner would otherwise ship: a small encoder (all-MiniLM-L6-v2 by default; any HF
-encoder through `encoder_model`) fine-tuned in full on the same train split, its best epoch chosen on the
-same validation split, scored on the same test split, with its cost: train time, inference texts/s and size.
+"""The baseline a practitioner would otherwise ship: an encoder (all-MiniLM-L6-v2, all-mpnet-base-v2, or any HF
+encoder through `encoder_model`; several at once) fine-tuned in full on the same train split and trained to its
+best by the rules a careful user applies: epochs until validation stops improving (encoder_patience, a cap of
+encoder_epochs), warmup then linear decay, length-grouped batches, and a small learning-rate grid, the best of
+each chosen on the same validation split; scored on the same test split, with its cost: train time, inference
+texts/s and size.
 
 The model is transformers' AutoModelForSequenceClassification; the loss and the decision (softmax at a
 temperature fitted on validation, or a sigmoid per label with thresholds tuned on validation) are the ones
@@ -12,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -72,9 +76,9 @@ def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
 class EncoderFit:
     """Fine-tune, keep the best epoch's weights (by validation), then score the test split."""
 
-    def __init__(self, dataset: Dataset, config, runtime, log):
-        self.dataset, self.config, self.runtime, self.log = dataset, config, runtime, log
-        self.tokenizer, self.model = _load(config.encoder_model, dataset, log)
+    def __init__(self, dataset: Dataset, config, runtime, log, spec: str):
+        self.dataset, self.config, self.runtime, self.log, self.name = dataset, config, runtime, log, spec
+        self.tokenizer, self.model = _load(spec, dataset, log)
         self.model.to(runtime.device)
         limit = getattr(self.model.config, "max_position_embeddings", 512) or 512
         self.max_length = min(config.max_length, limit)
@@ -123,30 +127,69 @@ class EncoderFit:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
-    def train(self) -> tuple[int, float]:
-        """(best epoch, its validation score); the model ends holding the best epoch's weights."""
+    def train(self, learning_rate: float) -> EncoderTry:
+        """Epochs until `encoder_patience` epochs bring no better validation score (at most encoder_epochs),
+        warmup then linear decay over the cap; the model ends holding the best epoch's weights."""
         config = self.config
         steps = config.encoder_epochs * math.ceil(len(self.ids["train"]) / config.encoder_batch_size)
-        optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.encoder_learning_rate, weight_decay=config.weight_decay
-        )
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=config.weight_decay)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(WARMUP_SHARE * steps), steps)
-        best = (0, -math.inf, None)
+        best, curve, state = 0, [], None
         for epoch in range(1, config.encoder_epochs + 1):
             self._epoch(optimizer, scheduler, epoch)
-            score = self.validation_score()
-            self.log(f"encoder: epoch {epoch}/{config.encoder_epochs}, validation {config.select_by} {abs(score):.4f}")
-            if score > best[1]:
-                best = (epoch, score, copy.deepcopy(self.model.state_dict()))
-        self.model.load_state_dict(best[2])
-        return best[0], best[1]
+            curve.append(self.validation_score())
+            self.log(
+                f"encoder {self.name} lr {learning_rate:g}: epoch {epoch}/{config.encoder_epochs}, "
+                f"validation {config.select_by} {abs(curve[-1]):.4f}"
+            )
+            if not best or curve[-1] > curve[best - 1]:
+                best, state = epoch, copy.deepcopy(self.model.state_dict())
+            if config.encoder_patience is not None and epoch - best >= config.encoder_patience:
+                break
+        self.model.load_state_dict(state)
+        return EncoderTry(learning_rate, best, curve)
 
 
-def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
-    started = time.perf_counter()
-    torch.manual_seed(config.seed)  # the new head's init and dropout follow the seed
-    fit = EncoderFit(dataset, config, runtime, log)
-    best_epoch, score = fit.train()
+@dataclass
+class EncoderTry:
+    """One learning rate of the grid: its best epoch and the validation score after every epoch."""
+
+    learning_rate: float
+    best_epoch: int
+    curve: list[float]
+
+    @property
+    def score(self) -> float:
+        return self.curve[self.best_epoch - 1]
+
+
+def encoder_specs(config, runtime) -> list[str]:
+    """The encoders a run trains: the config's, or (null) mpnet-base on a GPU where its wheels are installed,
+    else minilm."""
+    from loracls.model.source import packaged_encoder_installed
+
+    if config.encoder_model is None:
+        base = runtime.device.type != "cpu" and packaged_encoder_installed("mpnet-base")
+        return ["mpnet-base" if base else "minilm"]
+    return config.encoder_model if isinstance(config.encoder_model, list) else [config.encoder_model]
+
+
+def learning_rates(config) -> list[float]:
+    rates = config.encoder_learning_rate
+    return list(rates) if isinstance(rates, list) else [rates]
+
+
+def run_encoder(dataset: Dataset, config, runtime, spec: str, log=print) -> EncoderRecord:
+    """Fine-tune `spec` once per learning rate of the grid (each from the same initial weights, the same seed),
+    keep the one with the best validation score, and score it on the test split."""
+    started, tries, best = time.perf_counter(), [], None
+    for rate in learning_rates(config):
+        torch.manual_seed(config.seed)  # the new head's init and dropout follow the seed
+        fit = EncoderFit(dataset, config, runtime, log, spec)
+        tries.append(fit.train(rate))
+        if best is None or tries[-1].score > best[1].score:
+            best = (fit, tries[-1])
+    fit, chosen = best
     validation_logits = fit.logits("validation")
     train_seconds = time.perf_counter() - started
     scored = time.perf_counter()
@@ -157,11 +200,11 @@ def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
     )
     parameters = sum(p.numel() for p in fit.model.parameters())
     record = EncoderRecord(
-        model=config.encoder_model,
-        epochs=config.encoder_epochs,
-        best_epoch=best_epoch,
-        learning_rate=config.encoder_learning_rate,
-        validation_score=score,
+        model=spec,
+        epochs=len(chosen.curve),
+        best_epoch=chosen.best_epoch,
+        learning_rate=chosen.learning_rate,
+        validation_score=chosen.score,
         test=dataset.kind.metrics(dataset.test.labels, decision.probabilities(test_logits), dataset.id2label, decision),
         temperature=decision.temperature,
         test_ece=None if calibration is None else calibration.after.ece,
@@ -170,10 +213,22 @@ def run_encoder(dataset: Dataset, config, runtime, log=print) -> EncoderRecord:
         parameters=parameters,
         trainable_parameters=sum(p.numel() for p in fit.model.parameters() if p.requires_grad),
         size_mb=parameters * 4 / 2**20,
+        max_epochs=config.encoder_epochs,
+        curve=chosen.curve,
+        learning_rates={f"{t.learning_rate:g}": t.score for t in tries},
+        still_improving=chosen.best_epoch == config.encoder_epochs,
     )
-    log(
-        f"baseline (encoder {config.encoder_model}, fine-tuned, best epoch {best_epoch}/{config.encoder_epochs}): "
-        f"test {dataset.kind.accuracy_name} {record.test.accuracy:.4f}, macro F1 "
-        f"{record.test.macro_f1:.4f} ({train_seconds:.0f}s to train, {texts_per_second:.0f} texts/s)"
-    )
+    _say(record, dataset, log)
     return record
+
+
+def _say(record: EncoderRecord, dataset: Dataset, log) -> None:
+    grid = ", ".join(f"{rate} {abs(score):.4f}" for rate, score in record.learning_rates.items())
+    log(
+        f"baseline (encoder {record.model}, fine-tuned, lr {record.learning_rate:g} of [{grid}] on validation, "
+        f"best epoch {record.best_epoch} of {record.epochs} trained, at most {record.max_epochs}): test "
+        f"{dataset.kind.accuracy_name} {record.test.accuracy:.4f}, macro F1 {record.test.macro_f1:.4f} "
+        f"({record.train_seconds:.0f}s to train, {record.texts_per_second:.0f} texts/s)"
+    )
+    if record.still_improving:
+        log(f"baseline: encoder {record.model} was still improving at its last epoch; raise encoder_epochs")

@@ -12,6 +12,7 @@ from pathlib import Path
 from loracls import files, runs
 from loracls.errors import LoraclsError
 from loracls.problems import problem_for
+from loracls.verdict import standard_error
 
 REPORT = "report.html"
 
@@ -186,7 +187,7 @@ def _verdict_section(metrics: runs.Metrics, comparison: list[list], scores: list
         [
             r.name,
             r.detail,
-            _fmt(r.accuracy),
+            _fmt(r.accuracy) + (f" ± {standard_error(r.accuracy, verdict.examples):.3f}" if verdict.examples else ""),
             _fmt(r.macro_f1),
             "-" if r.ece is None else f"{r.ece:.3f}",
             "-" if r.train_seconds is None else f"{r.train_seconds:.0f}",
@@ -195,7 +196,7 @@ def _verdict_section(metrics: runs.Metrics, comparison: list[list], scores: list
         ]
         for r in verdict.rows
     ]
-    first = problem_for(metrics.test.problem).accuracy_name
+    first = problem_for(metrics.test.problem).accuracy_name + " (± one standard error)"
     return [
         f"<p><b>Verdict: {html.escape(verdict.reason)}.</b></p>",
         _table(["model", "what", first, "macro F1", "ECE", "train s", "texts/s (inference)", "parameters"], rows),

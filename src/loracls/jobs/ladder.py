@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loracls import files, runs
-from loracls.baselines.encoder import run_encoder
+from loracls.baselines.encoder import encoder_specs, run_encoder
 from loracls.baselines.tfidf import run_tfidf
 from loracls.baselines.zero_shot import code_labels, codes_reason, run_baseline
 from loracls.config import Config
@@ -30,7 +30,7 @@ class Ladder:
 
     zero_shot: BaselineRecord | None = None
     tfidf: TfidfRecord | None = None
-    encoder: EncoderRecord | None = None
+    encoders: list[EncoderRecord] = field(default_factory=list)
     skipped: list[SkippedBaseline] = field(default_factory=list)
 
     def summary(self) -> BaselineSummary:
@@ -40,8 +40,9 @@ class Ladder:
             out.calibrated_accuracy = self.zero_shot.calibrated.accuracy
         if self.tfidf is not None:
             out.tfidf_accuracy, out.tfidf_macro_f1 = self.tfidf.test.accuracy, self.tfidf.test.macro_f1
-        if self.encoder is not None:
-            out.encoder_accuracy, out.encoder_macro_f1 = self.encoder.test.accuracy, self.encoder.test.macro_f1
+        if self.encoders:  # the strongest, chosen on validation
+            strongest = max(self.encoders, key=lambda record: record.validation_score)
+            out.encoder_accuracy, out.encoder_macro_f1 = strongest.test.accuracy, strongest.test.macro_f1
         return out
 
 
@@ -74,9 +75,15 @@ def run_ladder(
     if "tfidf" in config.baselines:
         ladder.tfidf = _cached(run, runs.TFIDF, runs.read_tfidf, lambda: run_tfidf(dataset, config.seed, log))
     if "encoder" in config.baselines:
-        ladder.encoder = _cached(
-            run, runs.ENCODER, runs.read_encoder, lambda: run_encoder(dataset, config, runtime, log)
-        )
+        for index, spec in enumerate(encoder_specs(config, runtime)):
+            ladder.encoders.append(
+                _cached(
+                    run,
+                    runs.encoder_file(index),
+                    lambda run, index=index: runs.read_encoder(run, index),
+                    lambda spec=spec: run_encoder(dataset, config, runtime, spec, log),
+                )
+            )
     return ladder
 
 
@@ -139,18 +146,21 @@ def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by:
                 detail=f"+ logistic regression, C={tfidf.c:g}",
             )
         )
-    if ladder.encoder is not None:
-        enc = ladder.encoder
+    several = len(ladder.encoders) > 1
+    for enc in ladder.encoders:
         rows.append(
             LadderRow(
-                "encoder",
+                f"encoder {enc.model}" if several else "encoder",
                 enc.test.accuracy,
                 enc.test.macro_f1,
                 ece=enc.test_ece,
                 train_seconds=enc.train_seconds,
                 texts_per_second=enc.texts_per_second,
                 parameters=enc.parameters,
-                detail=f"{enc.model} fine-tuned, best epoch {enc.best_epoch}/{enc.epochs}",
+                detail=(
+                    f"{enc.model} fine-tuned, lr {enc.learning_rate:g}, best epoch {enc.best_epoch} of "
+                    f"{enc.epochs}" + (" (still improving)" if enc.still_improving else "")
+                ),
             )
         )
     return decide(rows + [lora], examples, select_by)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.baselines.encoder import check_encoder
+from loracls.baselines.encoder import check_encoder, encoder_specs
 from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
 from loracls.calibration import CalibrationRecord
 from loracls.config import Config, from_dict
@@ -142,7 +142,8 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     ):
         prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
     if config.baseline and "encoder" in config.baselines and distributed.is_main():
-        check_encoder(config.encoder_model, log)  # a bad encoder_model is refused before anything is written
+        for spec in encoder_specs(config, runtime):  # a bad encoder_model is refused before anything is written
+            check_encoder(spec, log)
     config = _prompt_as_input(config, dataset)
     model_dir = resolve_model_dir(config.model, log)
     check_max_length(model_dir, config.max_length)

