@@ -158,6 +158,7 @@ def tiny_overrides(model_dir: Path, data: Path, out: Path, **extra) -> list[str]
         "patience": None,
         "eval_batch_size": 16,
         "min_steps": None,  # epochs decide: the tests count steps
+        "extend_epochs": 0,  # ... and no epoch is added while validation still improves
         "encoder_model": str(TINY_ENCODER[0]),
         "encoder_epochs": 2,
         "encoder_learning_rate": 1e-4,  # one value: the grid's cost is not what these tests are about

@@ -162,3 +162,60 @@ def test_patience_counts_validations_that_improve_neither_accuracy_nor_loss(gemm
     assert (tmp_path / "adapter").exists()
     log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["improved"] for r in log] == [True, True, False, False, False, False] and "validation_loss" in log[0]
+
+
+def _scripted_trainer(gemma3_dir, data_csv, tmp_path, accuracies, **values):
+    """A Trainer whose validations score the next scripted accuracy (4 validation texts: 0.25 steps)."""
+    import numpy as np
+
+    from loracls.problems import Decision, evaluation
+
+    def scripted(real, model):
+        split, correct = dataset.validation, accuracies.pop(0)
+        labels = np.asarray(split.labels)
+        probs = np.full((4, 2), 0.4)
+        for i, label in enumerate(labels):
+            probs[i, label if i < correct else 1 - label] = 0.6
+        return evaluation(split.texts, split.labels, probs, dataset.id2label, Decision())
+
+    trainer, dataset = tiny_trainer(gemma3_dir, data_csv, tmp_path, scripted, **values)
+    return trainer
+
+
+@pytest.mark.parametrize(
+    "accuracies, extensions, still_improving",
+    [
+        ([1, 2, 3, 4], 2, True),  # better at every end: two epochs added (the cap), and still improving
+        ([1, 2, 3, 3], 2, False),  # the second added epoch brings nothing better: the best stays at step 15
+        ([1, 2, 2], 1, False),  # the first added epoch brings nothing better: no second
+        ([2, 1, 1, 1], 0, False),  # the plan ends below its best: nothing added
+    ],
+)
+def test_epochs_are_added_while_validation_improves(
+    gemma3_dir, data_csv, tmp_path, accuracies, extensions, still_improving
+):
+    """extend_epochs: at the end of the plan, while the last validation is the best, one more epoch (a
+    warm restart at a quarter of the peak learning rate), at most extend_epochs; a run that ends on its
+    best validation is flagged."""
+    values = dict(epochs=2, eval_every=5, extend_epochs=2, batch_size=4, gradient_accumulation=2, patience=None)
+    values["min_steps"] = None
+    trainer = _scripted_trainer(gemma3_dir, data_csv, tmp_path, list(accuracies), **values)  # 40 texts: 5 steps/epoch
+    result = trainer.fit()
+    assert trainer.plan.steps_per_epoch == 5 and trainer.plan.total_steps == 10
+    assert result.extensions == extensions and result.steps == 10 + 5 * extensions
+    assert result.still_improving is still_improving
+    if extensions:  # beyond the plan the learning rate restarts below the peak and decays to zero
+        lrs = [g["lr"] for g in trainer.opt.optimizer.param_groups]
+        assert all(lr < 0.25 * trainer.config.learning_rate for lr in lrs)
+
+
+def test_a_still_improving_run_is_said_in_the_log_metrics_and_report(gemma3_dir, data_csv, tmp_path, capsys):
+    args = tiny_overrides(gemma3_dir, data_csv, tmp_path, epochs=1, eval_every=1000, baselines=["tfidf"])
+    assert main(["train", *args]) == 0  # one validation, at the end: it is the best, so the run ends on it
+    run = tmp_path / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["train"]["still_improving"] and metrics["train"]["extensions"] == 0
+    captured = capsys.readouterr()
+    assert "the run may be under-trained" in captured.out + captured.err
+    assert main(["report", str(run)]) == 0
+    assert "yes: the best validation was the last" in (run / "report.html").read_text()

@@ -114,6 +114,9 @@ class Config:
         None, "padded tokens a forward/backward at most (same gradient); null: 2048 on CPU, no cap on GPU", ge=8
     )
     epochs: int = _help(3, "passes over the training split", ge=1)
+    extend_epochs: int = _help(
+        2, "while the last validation of the plan is still the best, up to this many more epochs (0: never)", ge=0
+    )
     max_steps: int | None = _help(None, "optimizer steps at most; null: epochs decide", ge=1)
     min_steps: int | None = _help(
         100, "optimizer steps at least (a small data set repeats epochs); null: epochs decide", ge=1

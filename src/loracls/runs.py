@@ -133,6 +133,8 @@ class TrainSummary:
     train_tokens: int
     tokens_per_second: float  # train steps only
     mfu: float | None = None  # share of the device's peak FLOP/s at the precision trained in
+    extensions: int = 0  # epochs added because validation still improved at the end of the plan
+    still_improving: bool = False  # the best validation was the last one: more training may help
 
 
 @dataclass

@@ -297,6 +297,11 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
     summary = [
         ["train steps", train.steps],
         ["stopped early", train.stopped_early],
+        ["epochs added while validation improved", train.extensions],
+        [
+            "still improving at the end",
+            "yes: the best validation was the last; more epochs may help" if train.still_improving else "no",
+        ],
         ["train tokens/s", train.tokens_per_second],
         ["MFU", "unknown" if train.mfu is None else train.mfu],
         ["loop seconds", train.seconds],

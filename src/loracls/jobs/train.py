@@ -274,7 +274,13 @@ def _fit(job: Job) -> TrainResult:
         f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s"
         + (f" (MFU {100 * result.mfu:.1f}%)" if result.mfu is not None else "")
         + f"; best validation accuracy {result.best_validation_accuracy:.4f} at step {result.best_step}"
+        + (f" ({result.extensions} epoch(s) added while it improved)" if result.extensions else "")
     )
+    if result.still_improving:
+        job.log(
+            f"train: the best validation was the last one (step {result.best_step}): the run may be under-trained; "
+            f"more epochs or extend_epochs may help"
+        )
     return result
 
 
@@ -372,8 +378,10 @@ def baseline(config: Config, log=print) -> dict:
         tokenizer = load_tokenizer(model_dir, log)
     ladder = run_ladder(config, dataset, runtime, model_dir, tokenizer, None, log)
     out = runs.to_dict(ladder.zero_shot) if ladder.zero_shot is not None else {}
-    for name in ("tfidf", "encoder"):
-        if getattr(ladder, name) is not None:
-            out[name] = runs.to_dict(getattr(ladder, name))
+    if ladder.tfidf is not None:
+        out["tfidf"] = runs.to_dict(ladder.tfidf)
+    if ladder.encoders:
+        out["encoder"] = runs.to_dict(ladder.encoders[0])
+        out["encoders"] = [runs.to_dict(record) for record in ladder.encoders]
     out["skipped"] = {skip.name: skip.reason for skip in ladder.skipped}
     return out

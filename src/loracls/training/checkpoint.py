@@ -50,6 +50,7 @@ class LoopRecord(BaseModel):
     train_seconds: float = Field(ge=0)
     log_lines: int = _Count
     window: dict[Literal["loss", "tokens", "steps", "seconds"], float | int]
+    extensions: int = Field(default=0, ge=0)  # epochs added while validation still improved
 
 
 class RngRecord(BaseModel):

@@ -51,6 +51,13 @@ class RunLogger:
         if self.bar is not None:
             self.bar.close()
 
+    def extended(self, total: int, message: str) -> None:
+        """The plan grew by an epoch (validation still improved at its end)."""
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+        self.say(message)
+
     def stepped(self) -> None:
         if self.bar is not None:
             self.bar.update(1)

@@ -35,6 +35,9 @@ from loracls.training.mfu import mfu, train_flops_per_token
 from loracls.training.plan import Optimization, make_plan
 from loracls.training.stopping import EarlyStopping
 
+# an extension epoch restarts at this share of the peak learning rate (the planned cosine has reached zero)
+EXTENSION_RESTART = 0.25
+
 
 @dataclass
 class TrainSet:
@@ -59,12 +62,15 @@ class TrainResult:
     train_tokens: int
     tokens_per_second: float  # train steps only
     mfu: float | None  # share of the device peak at the precision trained in; None where the peak is unknown
+    extensions: int = 0  # epochs added to the plan because the last validation was still the best
+    still_improving: bool = False  # the run ended on its best validation: more training may have helped
 
     def summary(self) -> runs.TrainSummary:
         """metrics.json's `train`."""
         return runs.TrainSummary(
-            self.steps, self.stopped_early, self.seconds, self.train_tokens, self.tokens_per_second, self.mfu
-        )
+            self.steps, self.stopped_early, self.seconds, self.train_tokens, self.tokens_per_second, self.mfu,
+            self.extensions, self.still_improving,
+        )  # fmt: skip
 
     def validation_summary(self, select_by: str) -> runs.ValidationSummary:
         """metrics.json's `validation`: the best checkpoint's step and accuracy."""
@@ -83,6 +89,7 @@ class LoopState:
     train_seconds: float = 0.0
     log_lines: int = 0  # train_log.jsonl lines covered by this state
     window: dict = field(default_factory=lambda: {"loss": 0.0, "tokens": 0, "steps": 0, "seconds": 0.0})
+    extensions: int = 0  # epochs added while the last validation was still the best (extend_epochs)
 
     @classmethod
     def from_dict(cls, values: dict) -> LoopState:
@@ -115,7 +122,8 @@ class LoopState:
         speed, stopping = self.train_tokens / max(self.train_seconds, 1e-9), self.stopping
         return TrainResult(
             self.step, stopping.best_step, stopping.best_accuracy, stopping.stopped,
-            seconds, self.train_tokens, speed, mfu_of(speed),
+            seconds, self.train_tokens, speed, mfu_of(speed), self.extensions,
+            not stopping.stopped and stopping.best_step == self.step,
         )  # fmt: skip
 
 
@@ -196,9 +204,13 @@ class Trainer:
         opt.scaler.unscale_(opt.optimizer)  # clipping sees true gradients; a no-op unless fp16
         if self.config.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(opt.params, self.config.max_grad_norm)
+        if self.state.step >= self.plan.total_steps:  # an extension epoch: beyond the planned schedule
+            for group in opt.optimizer.param_groups:
+                group["lr"] = self._extension_lr()
         opt.scaler.step(opt.optimizer)  # skipped by the scaler when fp16 gradients overflowed
         opt.scaler.update()
-        opt.scheduler.step()
+        if self.state.step < self.plan.total_steps:
+            opt.scheduler.step()
         opt.optimizer.zero_grad(set_to_none=True)
         return loss, tokens
 
@@ -227,8 +239,35 @@ class Trainer:
         line = runs.ValidationLogLine(step, accuracy, round(loss, 5), round(macro_f1, 5), best, improved)
         self.logger.validation(line, stopping, self.config.patience)
 
+    @property
+    def total_steps(self) -> int:
+        """The planned steps, and an epoch more for every extension granted."""
+        return self.plan.total_steps + self.state.extensions * self.plan.steps_per_epoch
+
     def _running(self) -> bool:
-        return self.state.step < self.plan.total_steps and not self.state.stopping.stopped
+        return self.state.step < self.total_steps and not self.state.stopping.stopped
+
+    def _maybe_extend(self) -> None:
+        """At the end of the plan: while the last validation is still the best, one more epoch (at most
+        extend_epochs), its learning rate a cosine from EXTENSION_RESTART x the peak down to zero."""
+        state, stopping = self.state, self.state.stopping
+        if state.step != self.total_steps or stopping.stopped or stopping.best_step != state.step:
+            return
+        if state.extensions >= self.config.extend_epochs or self.config.max_steps is not None:
+            return  # the cap reached, or a step count the user fixed
+        state.extensions += 1
+        self.logger.extended(
+            self.total_steps,
+            f"train: validation still improved at step {state.step}, the end of the plan: one more epoch "
+            f"({state.extensions} of at most {self.config.extend_epochs}, extend_epochs)",
+        )
+
+    def _extension_lr(self) -> float:
+        """The learning rate of a step beyond the plan: a warm restart at EXTENSION_RESTART x the peak, cosine
+        to zero over the extension epoch."""
+        into = (self.state.step - self.plan.total_steps) % self.plan.steps_per_epoch
+        progress = into / max(self.plan.steps_per_epoch, 1)
+        return self.config.learning_rate * EXTENSION_RESTART * 0.5 * (1 + math.cos(math.pi * progress))
 
     def fit(self) -> TrainResult:
         state, start = self.state, time.perf_counter()
@@ -239,8 +278,9 @@ class Trainer:
                 groups = self.plan.groups([len(x) for x in self.train_set.ids], self.config, state.epoch)
                 while state.group < len(groups) and self._running():
                     self._one_step(groups[state.group])
-                    if state.step % self.config.eval_every == 0 or state.step == self.plan.total_steps:
+                    if state.step % self.config.eval_every == 0 or state.step == self.total_steps:
                         self.validate(state.step)
+                        self._maybe_extend()
                         self.save_checkpoint()
                 if state.group >= len(groups):
                     state.epoch, state.group = state.epoch + 1, 0
@@ -255,7 +295,7 @@ class Trainer:
         loss, tokens = self.train_step(group)
         state.took(loss, tokens, time.perf_counter() - started)
         self.logger.stepped()
-        if state.step % self.config.log_every == 0 or state.step == self.plan.total_steps:
-            lr, memory = self.opt.scheduler.get_last_lr()[0], memory_mb(self.runtime.device)
+        if state.step % self.config.log_every == 0 or state.step == self.total_steps:
+            lr, memory = self.opt.optimizer.param_groups[0]["lr"], memory_mb(self.runtime.device)
             line = state.window_line(self.plan.steps_per_epoch, lr, memory, self.mfu_of)
-            self.logger.train_window(line, self.plan.total_steps)
+            self.logger.train_window(line, self.total_steps)
