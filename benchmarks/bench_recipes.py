@@ -23,7 +23,7 @@ def _setup(config: Config, ours: bool = True):
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.classifier import load_classifier
-    from loracls.model.lora import apply_lora
+    from loracls.model.lora import LoraSpec, apply_lora
     from loracls.model.source import resolve_model_dir
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
@@ -32,10 +32,7 @@ def _setup(config: Config, ours: bool = True):
     loaded = load_classifier(resolve_model_dir(config.model, lambda *a: None), dataset.id2label, log=lambda *a: None)
     peft_model, _ = apply_lora(
         loaded.model,
-        config.r,
-        config.lora_alpha,
-        config.lora_dropout,
-        config.target_modules,
+        LoraSpec.of(config),
         lambda *a: None,
         cheap_dropout=ours,
     )

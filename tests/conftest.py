@@ -194,7 +194,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     from loracls.data.splits import class_weight_vector, load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.classifier import load_classifier
-    from loracls.model.lora import apply_lora
+    from loracls.model.lora import LoraSpec, apply_lora
     from loracls.model.scoring import evaluate as evaluate_split
     from loracls.model.speedups import apply_speedups
     from loracls.problems import Decision
@@ -209,7 +209,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     loaded = load_classifier(model_dir, dataset.id2label, log=quiet)
     if head is not None:
         head(loaded.model)
-    model, _ = apply_lora(loaded.model, *(lora or (2, 4, 0.0, ["q_proj"])), quiet)
+    model, _ = apply_lora(loaded.model, LoraSpec(*(lora or (2, 4, 0.0, ["q_proj"]))), quiet)
     model.to(runtime.device)
     apply_speedups(model, runtime, False, False)
     encoder, pad_id = TextEncoder.for_config(config, loaded.tokenizer), loaded.tokenizer.pad_token_id

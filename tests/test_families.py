@@ -184,3 +184,19 @@ def test_texts_with_no_tokens_are_refused(family_dirs, family_data, tmp_path, ca
     assert last.startswith("loracls: data: ") and "texts encode to no tokens, e.g." in last
     assert "does not fit this data" in last
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, extra", [("gemma3-270m", {}), ("gemma3-270m", {"bidirectional_attention": True})])
+def test_mean_pooling_trains_exports_and_reads_back_the_same(family_dirs, family_data, tmp_path, name, extra):
+    """pooling: mean (the generic head with MeanPooling's forward, on a family that has transformers' own
+    last-token head): trained, and the merged model read back by plain transformers gives the same
+    probabilities (its module carries MeanPooling's source)."""
+    args = family_overrides(family_dirs[name], family_data, tmp_path, pooling="mean", **extra)
+    assert main(["train", *args]) == 0
+    run = tmp_path / "run"
+    config = json.loads((run / "merged" / "config.json").read_text())
+    assert config["loracls_pooling"] == "mean" and "auto_map" in config
+    assert config.get("use_bidirectional_attention", False) is bool(extra)
+    assert "class MeanPooling" in (run / "merged" / "modeling_loracls_generic.py").read_text()
+    assert json.loads((run / "metrics.json").read_text())["export"]["predictions_equal"]

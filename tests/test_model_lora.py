@@ -5,7 +5,7 @@ from safetensors.torch import load_file, save_file
 from conftest import make_tokenizer, write_tiny_model
 from loracls.errors import LoraclsError
 from loracls.model.classifier import classifier_class, is_generic, load_classifier
-from loracls.model.lora import apply_lora, check_targets, match_targets
+from loracls.model.lora import LoraSpec, apply_lora, check_targets, match_targets
 from loracls.model.tokenizer import fix_special_tokens, load_tokenizer
 
 LABELS = {0: "neg", 1: "pos"}
@@ -75,7 +75,7 @@ def test_checkpoint_missing_weights_is_refused(tmp_path):
 def test_lora_matches_and_trains_the_head(gemma3_dir):
     model = load_classifier(gemma3_dir, LABELS, log=quiet).model
     messages = []
-    peft_model, report = apply_lora(model, 4, 8, 0.0, ["q_proj", "v_proj"], messages.append)
+    peft_model, report = apply_lora(model, LoraSpec(4, 8, 0.0, ["q_proj", "v_proj"]), messages.append)
     assert len(report.matched) == 4
     assert all(n.endswith(("q_proj", "v_proj")) for n in report.matched)
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
@@ -111,7 +111,7 @@ def test_frozen_head_is_refused(gemma3_dir, monkeypatch):
     import loracls.model.lora as lora
 
     model = load_classifier(gemma3_dir, LABELS, log=quiet).model
-    peft_model, _ = apply_lora(model, 4, 8, 0.0, ["q_proj"], quiet)
+    peft_model, _ = apply_lora(model, LoraSpec(4, 8, 0.0, ["q_proj"]), quiet)
     for name, param in peft_model.named_parameters():
         if "score" in name:
             param.requires_grad_(False)
@@ -157,3 +157,14 @@ def test_new_head_starts_at_zero_uniform_predictions(gemma3_dir):
     assert torch.count_nonzero(loaded.model.score.weight) == 0
     probs = torch.softmax(loaded.model(input_ids=torch.tensor([[2, 5, 6]])).logits, -1)
     assert torch.allclose(probs, torch.full((1, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("variant, field", [("rslora", "use_rslora"), ("dora", "use_dora")])
+def test_lora_variants_are_peft_s(gemma3_dir, variant, field):
+    from loracls.model.classifier import load_classifier
+
+    model = load_classifier(gemma3_dir, {0: "neg", 1: "pos"}, log=lambda *_: None).model
+    peft_model, _ = apply_lora(model, LoraSpec(4, 8, 0.0, ["q_proj"], variant), lambda *_: None)
+    assert getattr(peft_model.peft_config["default"], field) is True
+    if variant == "dora":
+        assert any("lora_magnitude_vector" in name for name, _ in peft_model.named_parameters())

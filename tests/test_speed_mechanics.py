@@ -4,7 +4,7 @@ frozen weights kept in the compute dtype give the same autocast outputs bit for 
 import torch
 
 from loracls.model.classifier import load_classifier
-from loracls.model.lora import CheapRandomDropout, apply_lora
+from loracls.model.lora import CheapRandomDropout, LoraSpec, apply_lora
 from loracls.model.speedups import pick_attention, store_frozen_linears_in
 
 LABELS = {0: "neg", 1: "pos"}
@@ -36,9 +36,12 @@ def test_cheap_dropout_follows_the_seed():
 
 
 def test_lora_dropout_is_swapped_only_when_asked(gemma3_dir):
-    ours, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet)
+    ours, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, LoraSpec(4, 8, 0.1, ["q_proj"]), quiet)
     plain, _ = apply_lora(
-        load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.1, ["q_proj"], quiet, cheap_dropout=False
+        load_classifier(gemma3_dir, LABELS, log=quiet).model,
+        LoraSpec(4, 8, 0.1, ["q_proj"]),
+        quiet,
+        cheap_dropout=False,
     )
     kinds = lambda m: {
         type(d).__name__
@@ -52,7 +55,9 @@ def test_lora_dropout_is_swapped_only_when_asked(gemma3_dir):
 def _model_with_live_adapters(gemma3_dir):
     """LoRA on q/v without dropout, with non-zero LoRA B and head so the adapters take part."""
     torch.manual_seed(0)
-    model, _ = apply_lora(load_classifier(gemma3_dir, LABELS, log=quiet).model, 4, 8, 0.0, ["q_proj", "v_proj"], quiet)
+    model, _ = apply_lora(
+        load_classifier(gemma3_dir, LABELS, log=quiet).model, LoraSpec(4, 8, 0.0, ["q_proj", "v_proj"]), quiet
+    )
     for name, param in model.named_parameters():
         if "lora_B" in name or "score" in name:
             torch.nn.init.normal_(param, std=0.5)

@@ -154,7 +154,7 @@ def cmd_modules(args) -> None:
     config = checkpoint.config
     config.num_labels = 2
     with torch.device("meta"):
-        model = classifier_class(config)(config)
+        model = classifier_class(config, wrapped=checkpoint.wrapped)(config)
     if checkpoint.describe():
         print(checkpoint.describe() + "\n")
     for name, description, count in module_summary(model):

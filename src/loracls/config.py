@@ -91,10 +91,19 @@ class Config:
     head_init: Literal["zero", "verbalizer", "random"] = _help(
         "zero", "the new head: zeros, the LM head's rows of the label words (step 0 = zero-shot), or random"
     )
+    pooling: Literal["last", "mean"] = _help(
+        "last", "what the head reads: the last token (transformers' heads) or the mean over the text's tokens"
+    )
+    bidirectional_attention: bool = _help(
+        False, "switch the family's attention to bidirectional (Gemma 3 / 4 have the switch); with pooling: mean"
+    )
     # --- LoRA (PEFT's names) ---
     r: int = _help(8, "LoRA rank (the adapter matrices' inner size)", ge=1)
     lora_alpha: float = _help(16.0, "LoRA scaling (alpha / r multiplies the update)", gt=0.0)
     lora_dropout: float = _help(0.05, "dropout on LoRA's input", ge=0.0, le=0.999)
+    lora_variant: Literal["lora", "rslora", "dora"] = _help(
+        "lora", "PEFT's variants: rslora (alpha / sqrt(r) scaling), dora (weight-decomposed LoRA)"
+    )
     target_modules: list[str] | None = _help(
         None,
         "module-name suffixes (PEFT's) or regexes over full names, matched strictly; null: the family's query and "

@@ -13,7 +13,7 @@ from loracls import runs
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.model.classifier import load_classifier, load_standalone
+from loracls.model.classifier import head_options, load_classifier, load_standalone
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import store_frozen_linears_in
@@ -100,7 +100,11 @@ class Classifier(RunFormat):
         from peft import PeftModel
 
         loaded = load_classifier(
-            resolve_model_dir(config.model, log), self.id2label, log=log, problem=self.decision.problem
+            resolve_model_dir(config.model, log),
+            self.id2label,
+            log=log,
+            problem=self.decision.problem,
+            **head_options(config),
         )
         try:
             adapter = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER))

@@ -13,7 +13,7 @@ from loracls import files, runs
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
 from loracls.inference.plain_check import plain_transformers_check, write_model_card
-from loracls.model.classifier import is_generic, load_classifier, load_standalone, write_generic_module
+from loracls.model.classifier import head_options, is_generic, load_classifier, load_standalone, write_generic_module
 from loracls.model.lora import head_name
 from loracls.model.scoring import predict_logits
 from loracls.problems import Decision
@@ -63,7 +63,7 @@ def export_merged(
     batch_size, dtype = config.eval_batch_size, config.merge_dtype
     exact = Runtime(runtime.device, torch.float32)
     decision = runs.read_decision(run)
-    loaded = load_classifier(model_dir, id2label, log=lambda *_: None, problem=decision.problem)
+    loaded = load_classifier(model_dir, id2label, log=lambda *_: None, problem=decision.problem, **head_options(config))
     peft_model = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER)).to(runtime.device)
 
     def logits(model) -> np.ndarray:

@@ -35,7 +35,7 @@ from loracls.metrics import comment_scores
 from loracls.model.checkpoint import load_causal_lm
 from loracls.model.generation import Generated, comments_after_labels
 from loracls.model.label_scoring import LabelScorer
-from loracls.model.lora import LoraReport, apply_causal_lora
+from loracls.model.lora import LoraReport, LoraSpec, apply_causal_lora
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import apply_speedups
 from loracls.model.tokenizer import load_tokenizer
@@ -163,9 +163,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     tokenizer = load_tokenizer(model_dir, log)
     torch.manual_seed(config.seed)
     base = load_causal_lm(model_dir, log=log)
-    model, lora = apply_causal_lora(
-        base, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log
-    )  # fmt: skip
+    model, lora = apply_causal_lora(base, LoraSpec.of(config), log)
     model.to(runtime.device)
     apply_speedups(model, runtime, False, _sharding(config))
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")

@@ -27,8 +27,14 @@ from loracls.inference.export import export_merged
 from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.jobs.preflight import preflight
 from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
-from loracls.model.classifier import LoadedModel, check_max_length, init_head_from_verbalizers, load_classifier
-from loracls.model.lora import LoraReport, apply_lora
+from loracls.model.classifier import (
+    LoadedModel,
+    check_max_length,
+    head_options,
+    init_head_from_verbalizers,
+    load_classifier,
+)
+from loracls.model.lora import LoraReport, LoraSpec, apply_lora
 from loracls.model.scoring import check_finite_forward, evaluate, predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import apply_speedups
@@ -155,10 +161,11 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
         quantization=config.quantization,
         head_init="random" if config.head_init == "random" else "zero",
         problem=config.problem,
+        **head_options(config),
     )
     if config.head_init == "verbalizer":
         _verbalizer_head(loaded, config, dataset, log)
-    model, lora = apply_lora(loaded.model, config.r, config.lora_alpha, config.lora_dropout, config.target_modules, log)
+    model, lora = apply_lora(loaded.model, LoraSpec.of(config), log)
     encoded = _encode_splits(loaded.tokenizer, dataset, config, log)
     weights = class_weight_vector(config, dataset)  # unknown label names are refused before anything is written
     if weights is not None:

@@ -4,6 +4,7 @@ Loading refuses checkpoints missing weights beyond the head and layers offloaded
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     PreTrainedModel,
 )
@@ -18,8 +20,10 @@ from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from loracls.errors import LoraclsError, first_line
+from loracls.model import pooling as pooling_module
 from loracls.model.checkpoint import read_config, read_decoder, text_config_of
 from loracls.model.lora import HEAD_NAMES, head_name
+from loracls.model.pooling import MeanPooling
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import problem_for
 
@@ -34,23 +38,29 @@ def _pretrained_base(model_class: type) -> type:
     return PreTrainedModel
 
 
-def classifier_class(config) -> type:
-    """transformers' own *ForSequenceClassification, else a generic head on the last non-pad token."""
+def classifier_class(config, pooling: str = "last", wrapped: bool = False) -> type:
+    """transformers' own *ForSequenceClassification, else a generic head on the last non-pad token; with
+    `pooling: mean` always the generic head, with MeanPooling's forward. A decoder is a config transformers
+    has a causal LM for, or (`wrapped`) the text config of a multimodal checkpoint's language model, which
+    may be registered under AutoModel alone."""
     # transformers' own classes only: loading a generic-head export with trust_remote_code registers its
     # class in the auto mapping for the rest of the process, which must not replace ours
-    if config.model_type in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+    if pooling == "last" and config.model_type in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
         return AutoModelForSequenceClassification._model_mapping[type(config)]
-    if type(config) not in AutoModel._model_mapping:  # a causal-LM class of its own is not needed for a head
+    decoder = type(config) in AutoModelForCausalLM._model_mapping or wrapped
+    if not decoder or type(config) not in AutoModel._model_mapping:
         raise LoraclsError(f"model type {config.model_type!r} is not a decoder transformers knows")
     backbone = AutoModel._model_mapping[type(config)]
     name = backbone.__name__.removesuffix("Model") + "ForSequenceClassification"
+    pooled = (MeanPooling,) if pooling == "mean" else ()
     return type(
         name,
-        (GenericForSequenceClassification, _pretrained_base(backbone)),
+        (*pooled, GenericForSequenceClassification, _pretrained_base(backbone)),
         {
             "config_class": type(config),
             "__module__": __name__,
             "loracls_generic_head": True,
+            "loracls_pooling": pooling,
             **transformers_own_class_flags(backbone),
         },
     )
@@ -114,6 +124,11 @@ def check_max_length(model_dir: Path, max_length: int) -> None:
         )
 
 
+def head_options(config) -> dict:
+    """The head-shaping settings of a run's config, as load_classifier takes them."""
+    return {"pooling": config.pooling, "bidirectional": config.bidirectional_attention}
+
+
 def load_classifier(
     model_dir: Path,
     id2label: dict[int, str],
@@ -122,9 +137,12 @@ def load_classifier(
     quantization: str = "none",
     head_init: str = "zero",
     problem: str = "single_label",
+    pooling: str = "last",
+    bidirectional: bool = False,
 ) -> LoadedModel:
-    """Base decoder + a new classification head (zeros, or transformers' random init). Refuses checkpoints
-    missing weights beyond the head."""
+    """Base decoder + a new classification head (zeros, or transformers' random init) reading the last token
+    or (`pooling: mean`) the mean over the text's tokens; `bidirectional` switches the family's attention to
+    bidirectional where its config has that switch. Refuses checkpoints missing weights beyond the head."""
     tokenizer = load_tokenizer(model_dir, log)
     checkpoint = read_decoder(model_dir)
     config = checkpoint.config
@@ -134,7 +152,11 @@ def load_classifier(
     config.pad_token_id = tokenizer.pad_token_id
     # saved with the merged model: transformers' pipeline then applies a sigmoid for label sets
     config.problem_type = problem_for(problem).hf_problem_type
-    model_class = classifier_class(config)
+    if bidirectional:
+        use_bidirectional_attention(config)
+    if pooling != "last":
+        config.loracls_pooling = pooling  # saved with the exports: what the head reads
+    model_class = classifier_class(config, pooling, checkpoint.wrapped)
     if checkpoint.describe():
         log(checkpoint.describe())
     try:
@@ -203,16 +225,31 @@ def check_loaded_weights(info: dict, source) -> None:
         )
 
 
+def use_bidirectional_attention(config) -> None:
+    """The family's own switch to bidirectional attention (Gemma 3: True; Gemma 4: "all")."""
+    if not hasattr(config, "use_bidirectional_attention"):
+        raise LoraclsError(
+            f"bidirectional_attention: {config.model_type} has no use_bidirectional_attention switch in its config"
+        )
+    takes_a_word = isinstance(config.use_bidirectional_attention, str) or config.model_type.startswith("gemma4")
+    config.use_bidirectional_attention = "all" if takes_a_word else True
+
+
 def write_generic_module(directory: Path, model_class: type) -> None:
-    """Make a generic-head model directory loadable by plain transformers (trust_remote_code=True)."""
+    """Make a generic-head model directory loadable by plain transformers (trust_remote_code=True); a
+    mean-pooling head carries MeanPooling's source with it."""
     base, config_class = _pretrained_base(model_class), model_class.config_class
     flags = transformers_own_class_flags(base)
+    mean = getattr(model_class, "loracls_pooling", "last") == "mean"
+    pooling_source = inspect.getsource(pooling_module) + "\n\n" if mean else ""
     source = (
-        '"""Written by loracls: a sequence classifier for a decoder transformers has no head class for."""\n'
+        pooling_source
+        + '"""Written by loracls: a sequence classifier for a decoder transformers has no head class for."""\n'
         "from transformers.modeling_layers import GenericForSequenceClassification\n"
         f"from {base.__module__} import {base.__name__}\n"
         f"from {config_class.__module__} import {config_class.__name__}\n\n\n"
-        f"class {model_class.__name__}(GenericForSequenceClassification, {base.__name__}):\n"
+        f"class {model_class.__name__}({'MeanPooling, ' if mean else ''}GenericForSequenceClassification, "
+        f"{base.__name__}):\n"
         f"    config_class = {config_class.__name__}\n"
         "    loracls_generic_head = True\n"
         "    # transformers' own head on its own decoder: its load-time steps apply as to its own classes\n"

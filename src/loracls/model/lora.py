@@ -124,6 +124,41 @@ def resolve_targets(model: nn.Module, patterns: list[str] | None, log=print) -> 
     return default_targets(model, log) if patterns is None else list(patterns)
 
 
+# PEFT's LoRA variants, by name: the LoraConfig fields each sets
+VARIANTS = {"lora": {}, "rslora": {"use_rslora": True}, "dora": {"use_dora": True}}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What LoRA a run puts on the decoder (PEFT's names): rank, scaling, dropout, targets (None: the family's
+    query and value projections) and the variant."""
+
+    r: int
+    alpha: float
+    dropout: float
+    targets: list[str] | None = None
+    variant: str = "lora"
+
+    @classmethod
+    def of(cls, config) -> LoraSpec:
+        return cls(config.r, config.lora_alpha, config.lora_dropout, config.target_modules, config.lora_variant)
+
+    def peft_config(self, task_type, matched: list[str], modules_to_save: list[str] | None = None) -> LoraConfig:
+        return LoraConfig(
+            task_type=task_type,
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=matched,
+            modules_to_save=modules_to_save,
+            **VARIANTS[self.variant],
+        )
+
+    def describe(self) -> str:
+        variant = "" if self.variant == "lora" else f" ({self.variant})"
+        return f"r={self.r} alpha={self.alpha:g} dropout={self.dropout:g}{variant}"
+
+
 @dataclass
 class LoraReport:
     matched: list[str]
@@ -132,35 +167,16 @@ class LoraReport:
     head: str
 
 
-def apply_lora(
-    model: nn.Module,
-    r: int,
-    alpha: float,
-    dropout: float,
-    patterns: list[str] | None,
-    log=print,
-    cheap_dropout: bool = True,
-) -> tuple[PeftModel, LoraReport]:
-    matched = check_targets(model, resolve_targets(model, patterns, log))
+def apply_lora(model: nn.Module, spec: LoraSpec, log=print, cheap_dropout: bool = True) -> tuple[PeftModel, LoraReport]:
+    matched = check_targets(model, resolve_targets(model, spec.targets, log))
     head = head_name(model)
-    lora_config = LoraConfig(
-        task_type=TaskType.SEQ_CLS,
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=matched,
-        modules_to_save=[head],
-    )
-    peft_model = get_peft_model(model, lora_config)
+    peft_model = get_peft_model(model, spec.peft_config(TaskType.SEQ_CLS, matched, [head]))
     if cheap_dropout:
         use_cheap_dropout(peft_model)
     report = LoraReport(matched, *count_parameters(peft_model), head)
     check_head_trainable(peft_model, head)
     folded = Counter(re.sub(r"\.\d+\.", ".*.", name) for name in matched)
-    log(
-        f"lora: r={r} alpha={alpha:g} dropout={dropout:g}; {len(matched)} modules: "
-        + ", ".join(f"{name} x{count}" for name, count in folded.items())
-    )
+    log(f"lora: {spec.describe()}; {len(matched)} modules: " + ", ".join(f"{n} x{c}" for n, c in folded.items()))
     log(
         f"lora: trainable {report.trainable:,} of {report.total:,} parameters "
         f"({100 * report.trainable / report.total:.3f}%), head {head!r} trained in full"
@@ -168,19 +184,14 @@ def apply_lora(
     return peft_model, report
 
 
-def apply_causal_lora(
-    model: nn.Module, r: int, alpha: float, dropout: float, patterns: list[str] | None, log=print
-) -> tuple[PeftModel, LoraReport]:
+def apply_causal_lora(model: nn.Module, spec: LoraSpec, log=print) -> tuple[PeftModel, LoraReport]:
     """LoRA on a causal LM that keeps its own LM head (label_and_comment: no classification head)."""
-    matched = check_targets(model, resolve_targets(model, patterns, log), head=None)
-    config = LoraConfig(
-        task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=matched
-    )
-    peft_model = get_peft_model(model, config)
+    matched = check_targets(model, resolve_targets(model, spec.targets, log), head=None)
+    peft_model = get_peft_model(model, spec.peft_config(TaskType.CAUSAL_LM, matched))
     use_cheap_dropout(peft_model)
     report = LoraReport(matched, *count_parameters(peft_model), "lm_head")
     log(
-        f"lora: r={r} alpha={alpha:g} dropout={dropout:g} on the causal LM; {len(matched)} modules; trainable "
+        f"lora: {spec.describe()} on the causal LM; {len(matched)} modules; trainable "
         f"{report.trainable:,} of {report.total:,} parameters ({100 * report.trainable / report.total:.3f}%)"
     )
     return peft_model, report
