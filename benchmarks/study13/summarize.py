@@ -1,0 +1,65 @@
+"""The study's table (benchmarks/study13/run.sh): every variant's best validation score per set (accuracy; macro
+F1 for imbalanced and emotions), the encoders' best validation scores beside, and the mean and spread of each
+variant's change against `defaults`. Validation only: the test split is not read here.
+Usage: python3 benchmarks/study13/summarize.py OUT   (writes OUT/results.md and prints it)"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SETS = ["rt", "chinese", "tweets", "imbalanced", "emotions"]
+
+
+def best_validation(run: Path) -> float | None:
+    """The run's best validation score by its select_by, read from train_log.jsonl at the best step."""
+    metrics_path = run / "metrics.json"
+    if not metrics_path.is_file():
+        return None
+    validation = json.loads(metrics_path.read_text())["validation"]
+    key = "validation_macro_f1" if validation.get("select_by") == "macro_f1" else "validation_accuracy"
+    lines = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    at_best = [line for line in lines if line.get("step") == validation["best_step"] and key in line]
+    return at_best[-1][key] if at_best else None
+
+
+def encoder_scores(run: Path) -> dict[str, float]:
+    out = {}
+    for path in sorted(run.glob("encoder*.json")):
+        record = json.loads(path.read_text())
+        out[record["model"]] = abs(record["validation_score"])
+    return out
+
+
+def table(out: Path) -> str:
+    runs = out / "runs"
+    variants = sorted({p.name.rsplit("-", 1)[0] for p in runs.iterdir() if p.is_dir()}, key=lambda v: v != "defaults")
+    scores = {v: {s: best_validation(runs / f"{v}-{s}") for s in SETS} for v in variants}
+    rows = [
+        "| variant | " + " | ".join(SETS) + " | mean (sets done) | change vs defaults (min..max) |",
+        "|---" * 8 + "|",
+    ]
+    for variant in variants:
+        cells = scores[variant]
+        done = [cells[s] for s in SETS if cells[s] is not None]
+        base = scores.get("defaults", {})
+        changes = [100 * (cells[s] - base[s]) for s in SETS if cells[s] is not None and base.get(s) is not None]
+        change = f"{min(changes):+.1f}..{max(changes):+.1f}" if changes and variant != "defaults" else ""
+        mean = f"{sum(done) / len(done):.4f} ({len(done)})" if done else "-"
+        shown = [f"{cells[s]:.4f}" if cells[s] is not None else "-" for s in SETS]
+        rows.append(f"| {variant} | " + " | ".join(shown) + f" | {mean} | {change} |")
+    encoders = {s: encoder_scores(runs / f"defaults-{s}") for s in SETS if (runs / f"defaults-{s}").is_dir()}
+    for name in sorted({name for found in encoders.values() for name in found}):
+        shown = [
+            f"{encoders.get(s, {}).get(name):.4f}" if encoders.get(s, {}).get(name) is not None else "-" for s in SETS
+        ]
+        rows.append(f"| encoder {name} | " + " | ".join(shown) + " | | |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    text = table(out)
+    (out / "results.md").write_text(text)
+    print(text)
