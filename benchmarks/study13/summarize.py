@@ -24,17 +24,17 @@ def best_validation(run: Path) -> float | None:
     return at_best[-1][key] if at_best else None
 
 
-def encoder_scores(run: Path) -> dict[str, float]:
-    out = {}
-    for path in sorted(run.glob("encoder*.json")):
-        record = json.loads(path.read_text())
-        out[record["model"]] = abs(record["validation_score"])
-    return out
+def encoder_scores(path: Path) -> dict[str, float]:
+    """`loracls baseline`'s output for a set: each encoder's best validation score (the grid's best)."""
+    if not path.is_file():
+        return {}
+    return {record["model"]: abs(record["validation_score"]) for record in json.loads(path.read_text())["encoders"]}
 
 
 def table(out: Path) -> str:
     runs = out / "runs"
-    variants = sorted({p.name.rsplit("-", 1)[0] for p in runs.iterdir() if p.is_dir()}, key=lambda v: v != "defaults")
+    names = {p.name.rsplit("-", 1)[0] for p in runs.iterdir() if p.is_dir()}
+    variants = sorted(names, key=lambda v: (v != "defaults", v))
     scores = {v: {s: best_validation(runs / f"{v}-{s}") for s in SETS} for v in variants}
     rows = [
         "| variant | " + " | ".join(SETS) + " | mean (sets done) | change vs defaults (min..max) |",
@@ -49,7 +49,7 @@ def table(out: Path) -> str:
         mean = f"{sum(done) / len(done):.4f} ({len(done)})" if done else "-"
         shown = [f"{cells[s]:.4f}" if cells[s] is not None else "-" for s in SETS]
         rows.append(f"| {variant} | " + " | ".join(shown) + f" | {mean} | {change} |")
-    encoders = {s: encoder_scores(runs / f"defaults-{s}") for s in SETS if (runs / f"defaults-{s}").is_dir()}
+    encoders = {s: encoder_scores(runs / f"encoders-{s}.json") for s in SETS}
     for name in sorted({name for found in encoders.values() for name in found}):
         shown = [
             f"{encoders.get(s, {}).get(name):.4f}" if encoders.get(s, {}).get(name) is not None else "-" for s in SETS
