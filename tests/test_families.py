@@ -63,25 +63,46 @@ def test_the_decoder_is_transformers_own(family_dirs, name):
         assert "never loaded: none" not in skipped[0] and "M)" in skipped[0], skipped
 
 
+@pytest.fixture(scope="module")
+def family_runs(family_dirs, family_data, tmp_path_factory):
+    """Every family trained once (train, evaluate, predict), and every merged model read back by transformers'
+    pipeline in one fresh process: {name: (run, log, metrics, evaluated, predicted, plain)}."""
+    import contextlib
+    import io
+
+    results = {}
+    for family in FAMILIES:
+        out = tmp_path_factory.mktemp(f"run_{family.name}")
+        logged = io.StringIO()
+        with contextlib.redirect_stdout(logged), contextlib.redirect_stderr(logged):
+            code = main(["train", *family_overrides(family_dirs[family.name], family_data, out)])
+        assert code == 0, logged.getvalue()[-2000:]
+        run = out / "run"
+        answers = io.StringIO()
+        with contextlib.redirect_stdout(answers):
+            assert main(["evaluate", str(run)]) == 0
+            assert main(["predict", str(run), *[arg for text in TEXTS for arg in ("--text", text)]]) == 0
+        lines = answers.getvalue().splitlines()
+        evaluated, predicted = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+        metrics = json.loads((run / "metrics.json").read_text())
+        results[family.name] = [run, logged.getvalue(), metrics, evaluated, predicted]
+    plain = _pipeline_in_a_fresh_process([results[f.name][0] / "merged" for f in FAMILIES], TEXTS)
+    for family, rows in zip(FAMILIES, plain):
+        results[family.name].append(rows)
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [family.name for family in FAMILIES])
-def test_family_end_to_end(family_dirs, family_data, tmp_path, capsys, name):
-    family, directory = BY_NAME[name], family_dirs[name]
-    assert main(["train", *family_overrides(directory, family_data, tmp_path)]) == 0
-    run = tmp_path / "run"
-    captured = capsys.readouterr()
-    log = captured.out + captured.err
+def test_family_end_to_end(family_runs, capsys, name):
+    family = BY_NAME[name]
+    run, log, metrics, evaluated, predicted, plain = family_runs[name]
     if family.fused_targets:
         assert "defaults to its fused qkv_proj" in log
-    metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["export"]["predictions_equal"] and metrics["export"]["non_finite"] == 0
-    assert main(["evaluate", str(run)]) == 0
-    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(metrics["test"]["accuracy"])
-    assert main(["predict", str(run), *[arg for text in TEXTS for arg in ("--text", text)]]) == 0
-    predicted = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert evaluated["accuracy"] == pytest.approx(metrics["test"]["accuracy"])
     # a user with plain transformers, in a fresh process: the same labels and calibrated probabilities
-    plain = _pipeline_in_a_fresh_process(run / "merged", TEXTS)
-    for ours, theirs in zip(predicted, plain):
+    for ours, theirs in zip(predicted, plain, strict=True):
         assert max(theirs, key=theirs.get) == ours["prediction"]
         for label, probability in ours["probabilities"].items():
             assert theirs[label] == pytest.approx(probability, abs=1e-3)
@@ -99,31 +120,33 @@ def _merged_keys(run):
     return load_file(str(run / "merged" / "model.safetensors")).keys()
 
 
-def _pipeline_in_a_fresh_process(merged, texts):
-    remote = "auto_map" in json.loads((merged / "config.json").read_text())
+def _pipeline_in_a_fresh_process(merged_dirs, texts):
+    """transformers' text-classification pipeline on each merged model, in one fresh process that imports
+    nothing of loracls (`trust_remote_code` only where the export carries the generic head's module)."""
     script = (
         "import json, sys\n"
         "from transformers import pipeline\n"
-        f"classify = pipeline('text-classification', model=sys.argv[1], trust_remote_code={remote}, top_k=None)\n"
-        "rows = classify(json.loads(sys.argv[2]))\n"
-        "print(json.dumps([{r['label']: r['score'] for r in row} for row in rows]))\n"
+        "out = []\n"
+        "for directory, remote in json.loads(sys.argv[1]):\n"
+        "    classify = pipeline('text-classification', model=directory, trust_remote_code=remote, top_k=None)\n"
+        "    out.append([{r['label']: r['score'] for r in row} for row in classify(json.loads(sys.argv[2]))])\n"
+        "print(json.dumps(out))\n"
     )
+    jobs = [(str(m), "auto_map" in json.loads((m / "config.json").read_text())) for m in merged_dirs]
     done = subprocess.run(
-        [sys.executable, "-c", script, str(merged), json.dumps(texts)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, json.dumps(jobs), json.dumps(texts)], capture_output=True, text=True
     )
+    assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-def test_serve_classifies_with_a_gemma4_wrapper_run(family_dirs, family_data, tmp_path, capsys):
+def test_serve_classifies_with_a_gemma4_wrapper_run(family_runs):
     from loracls.inference.engine import Classifier
     from loracls.inference.server import create_app
 
-    assert main(["train", *family_overrides(family_dirs["gemma4-e2b"], family_data, tmp_path)]) == 0
-    capsys.readouterr()
-    assert main(["predict", str(tmp_path / "run"), *[arg for text in TEXTS for arg in ("--text", text)]]) == 0
-    predicted = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    app = create_app(Classifier(str(tmp_path / "run"), log=lambda *_: None))
+    run, predicted = family_runs["gemma4-e2b"][0], family_runs["gemma4-e2b"][4]
+    app = create_app(Classifier(str(run), log=lambda *_: None))
 
     async def ask():
         async with app.app.router.lifespan_context(app.app):
