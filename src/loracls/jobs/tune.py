@@ -28,6 +28,7 @@ import yaml
 from loracls import files, runs
 from loracls.config import FIELDS, Config, from_dict, parse_value, split_alternatives
 from loracls.errors import LoraclsError
+from loracls.model.lora import DEFAULT_TARGETS
 
 __all__ = ["DEFAULT_SPACE", "Dimension", "parse_space", "run_tune"]
 
@@ -234,6 +235,8 @@ def _enqueue_own_settings(study, base: Config, dims: list[Dimension], log) -> No
     own = {}
     for dim in dims:
         value = getattr(base, dim.key)
+        if dim.key == "target_modules" and value is None:  # null: the family's q_proj, v_proj
+            value = list(DEFAULT_TARGETS)
         if dim.kind == "choice" and value in dim.choices:
             own[dim.key] = json.dumps(value)
         elif dim.kind != "choice" and isinstance(value, int | float) and dim.low <= value <= dim.high:

@@ -1,4 +1,16 @@
-"""Model: where weights come from, the tokenizer, the classifier head, LoRA with its checks, batched scoring,
-label scoring and comment generation with a causal LM, and the CPU speed-ups."""
+"""Model: where weights come from, where a checkpoint keeps its decoder (text-only or inside a multimodal
+wrapper), the tokenizer, the classifier head and its pooling, LoRA with its checks, batched scoring, label
+scoring and comment generation with a causal LM, and the CPU speed-ups."""
 
-__all__ = ["source", "tokenizer", "classifier", "lora", "scoring", "label_scoring", "generation", "speedups"]
+__all__ = [
+    "source",
+    "checkpoint",
+    "tokenizer",
+    "classifier",
+    "pooling",
+    "lora",
+    "scoring",
+    "label_scoring",
+    "generation",
+    "speedups",
+]
