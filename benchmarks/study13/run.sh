@@ -6,6 +6,7 @@
 # rounds (every set's `defaults`, then every set's `mean`, ...) so that a cut-short study still compares across
 # sets. Resumable: a finished run is skipped, a killed one is continued (`train --resume`). 1 thread a process;
 # two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU.
+# STUDY_ORDER=set runs every given variant on one set before the next set (pairs of variants compared sooner).
 # Usage: bash benchmarks/study13/run.sh OUT [VARIANT ...]       then: python3 benchmarks/study13/summarize.py OUT
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -47,8 +48,14 @@ variant_config() {  # what the variant changes
   esac
 }
 mkdir -p "$out/configs" "$out/runs" "$out/logs"
-for variant in "${variants[@]}"; do
-  for set in rt chinese tweets imbalanced emotions; do
+pairs=()
+for variant in "${variants[@]}"; do for set in rt chinese tweets imbalanced emotions; do pairs+=("$variant $set"); done; done
+if [ "${STUDY_ORDER:-variant}" = set ]; then
+  pairs=()
+  for set in rt chinese tweets imbalanced emotions; do for variant in "${variants[@]}"; do pairs+=("$variant $set"); done; done
+fi
+for pair in "${pairs[@]}"; do
+    read -r variant set <<< "$pair"
     name="$variant-$set"
     run="$out/runs/$name"
     [ -f "$run/metrics.json" ] || [ -f "$out/runs/$name.json" ] && continue
@@ -63,5 +70,4 @@ for variant in "${variants[@]}"; do
     else
       OMP_NUM_THREADS=1 python3 -m loracls train "$config" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"
     fi
-  done
 done
