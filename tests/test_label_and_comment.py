@@ -296,8 +296,10 @@ def _served_comments_are_predicts(run, rows, predicted):
         ("POST", "/classify", {"input": texts}),
         ("GET", "/info", None),
         ("POST", "/generate", {"inputs": texts}),
+        ("POST", "/generate", {"inputs": texts, "model": "another"}),  # /generate picks its run like the others
     ]
-    classify, info, generated = ask(Commenter(str(run), lambda *a: None), requests)
+    classify, info, generated, elsewhere = ask(Commenter(str(run), lambda *a: None), requests)
+    assert elsewhere.status_code == 404 and elsewhere.json()["error_type"] == "NotFound"
     assert classify.status_code == 200 and info.json()["problem"] == "label_and_comment"
     assert generated.status_code == 200
     for item, again in zip(generated.json(), predicted):

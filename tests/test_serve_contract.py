@@ -130,6 +130,7 @@ def test_classify_and_predict_shapes():
     [
         ("POST", "/classify", {"model": "other", "input": "good"}, 404, "NotFound"),
         ("POST", "/generate", {"inputs": "good"}, 404, "NotFound"),  # a classifier writes no comments
+        ("POST", "/generate", {"inputs": "good", "model": "other"}, 404, "NotFound"),  # no run of that name
         ("GET", "/nowhere", None, 404, "NotFound"),
         ("GET", "/classify", None, 405, "MethodNotAllowed"),
         ("POST", "/classify", b"{not json", 422, "Validation"),

@@ -83,6 +83,9 @@ class GenerateRequest(BaseModel):
     """/generate (label_and_comment runs): texts in, label and comment out."""
 
     inputs: TextOrTexts = Field(description="one text or a list of texts")
+    model: str | None = Field(
+        None, description="the run to ask, by name (`GET /v1/models`); none: the first served; another name is a 404"
+    )
 
     _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
 

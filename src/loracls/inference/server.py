@@ -218,9 +218,14 @@ def _routes(app: FastAPI, served: Served, batcher: Batcher, metrics) -> None:
         return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(usage["truncated_inputs"])})
 
     @app.post("/generate", response_model=list[Generated], responses=ERRORS["generate"])
-    async def generate(body: GenerateRequest):
-        """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it."""
-        classifier = served.first
+    async def generate(
+        body: GenerateRequest,
+        model: str | None = Query(None, description="the run to ask (`GET /v1/models`); none: the first served"),
+        x_model: str | None = Header(None, description="the same as the `model` query, for clients that set headers"),
+    ):
+        """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it;
+        the run picked like every other route's (body `model`, `model` query or `X-Model` header)."""
+        classifier = served.pick(body.model or model or x_model)
         if not getattr(classifier, "writes_comments", False):
             return error(
                 404, "NotFound", f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs"
@@ -289,18 +294,24 @@ def _error_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(_TooManyTexts)
-    @app.exception_handler(TooLarge)
-    async def too_large(request: Request, exc: Exception):
-        return error(413, "Validation", str(exc))
+    for kind in ERROR_STATUS:
+        app.add_exception_handler(kind, _mapped_error)
 
-    @app.exception_handler(_UnknownModel)
-    async def unknown_model(request: Request, exc: _UnknownModel):
-        return error(404, "NotFound", str(exc))
 
-    @app.exception_handler(Overloaded)
-    async def overloaded(request: Request, exc: Overloaded):
-        return error(429, "Overloaded", f"server busy: {exc}; retry later", headers={"Retry-After": "1"})
+# every error of ours that a request can cause -> (HTTP status, TEI's error_type); one place, TEI's pattern
+ERROR_STATUS: dict[type, tuple[int, str]] = {
+    _TooManyTexts: (413, "Validation"),
+    TooLarge: (413, "Validation"),
+    _UnknownModel: (404, "NotFound"),
+    Overloaded: (429, "Overloaded"),
+}
+_RETRY_LATER = {Overloaded: {"Retry-After": "1"}}
+
+
+async def _mapped_error(request: Request, exc: Exception):
+    status, kind = next(ERROR_STATUS[k] for k in type(exc).__mro__ if k in ERROR_STATUS)
+    message = f"server busy: {exc}; retry later" if isinstance(exc, Overloaded) else str(exc)
+    return error(status, kind, message, headers=_RETRY_LATER.get(type(exc)))
 
 
 def serve(
