@@ -42,6 +42,12 @@ def init_from_environment() -> None:
         dist.init_process_group(backend=backend)
 
 
+def leave() -> None:
+    """Leave the process group this process joined (the end of every job; a no-op in a single process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def local_device(device: torch.device) -> torch.device:
     if device.type == "cuda" and dist.is_initialized():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
