@@ -28,7 +28,16 @@ def _word_id(word):
 
 
 class FakeClassifier:
-    """Scores a text by its words: "good" pushes towards pos. "FAIL" in a batch makes the model raise."""
+    """Scores a text by its words: "good" pushes towards pos. "FAIL" in a batch makes the model raise. An
+    Engine as the server uses one (loracls.inference.engine.Engine)."""
+
+    writes_comments = False
+
+    def served_runs(self):
+        return {self.name: self}
+
+    def score(self, ids, models, max_tokens=None):
+        return self.logits(ids, max_tokens=max_tokens)
 
     def __init__(self, multi_label=False, long_text="truncate", max_length=8, gate=None):
         self.name, self.source, self.input_template = "fake", "memory", None

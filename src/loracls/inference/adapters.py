@@ -149,6 +149,14 @@ class AdapterSet:
             heads[run.name] = _head_module(head_state, run, hidden)
         return peft_model, heads
 
+    writes_comments = False
+
+    def served_runs(self) -> dict:
+        return dict(self.runs)
+
+    def score(self, ids: list[list[int]], models: list[str], max_tokens: int | None = None) -> list[np.ndarray]:
+        return self.logits(ids, models, max_tokens)
+
     @torch.inference_mode()
     def logits(self, ids: list[list[int]], models: list[str], max_tokens: int | None = None) -> list[np.ndarray]:
         """One logits row per input row, computed by the run named beside it; runs mix in length-sorted

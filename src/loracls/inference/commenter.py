@@ -68,6 +68,12 @@ class Commenter:
     def calibrated(self, logits: np.ndarray) -> np.ndarray:
         return self.decision.probabilities(logits)
 
+    def served_runs(self) -> dict:
+        return {self.name: self}
+
+    def score(self, ids: list[list[int]], models: list[str], max_tokens: int | None = None) -> np.ndarray:
+        return self.logits(ids, max_tokens=max_tokens)
+
     def comments(self, texts: list[str], chosen) -> list[str]:
         """Each text's comment, generated (bounded; greedy, or the run's candidates rule) after its chosen label."""
         bound, batch = self.max_comment_tokens, self.batch_size

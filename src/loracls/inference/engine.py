@@ -6,6 +6,7 @@ weights stored in the compute precision chosen as in training, length-sorted bat
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -18,6 +19,34 @@ from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import store_frozen_linears_in
 from loracls.model.tokenizer import load_tokenizer
+from loracls.problems import Decision
+
+
+class Engine(Protocol):
+    """What predict, evaluate and serve use of a loaded run, whatever computes it (torch, ONNX, several
+    adapters on one base, a label_and_comment run). Nothing outside an engine asks it what it is."""
+
+    name: str
+    labels: list[str]
+    id2label: dict[int, str]
+    decision: Decision
+    writes_comments: bool  # label_and_comment: `comments` writes one after each chosen label
+
+    def encode(self, texts: list[str]) -> Encoded: ...
+
+    def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray: ...
+
+    def calibrated(self, logits: np.ndarray) -> np.ndarray: ...
+
+    def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray: ...
+
+    def comments(self, texts: list[str], chosen) -> list[str]: ...
+
+    def served_runs(self) -> dict[str, Engine]:
+        """The runs a server answers for: this engine alone, or (several adapters) each of its runs."""
+
+    def score(self, ids: list[list[int]], models: list[str], max_tokens: int | None = None) -> list | np.ndarray:
+        """Rows of any mix of the served runs (`models`: each row's run), in one pass where the engine can."""
 
 
 class RunFormat:
@@ -33,9 +62,20 @@ class RunFormat:
             self.tokenizer, self.max_length, self.input_template, self.long_text, self.chunk_stride
         )
 
+    writes_comments = False
+
     @property
     def precision(self) -> str:
         return str(self.runtime.dtype).replace("torch.", "")
+
+    def comments(self, texts: list[str], chosen) -> list[str]:
+        raise LoraclsError(f"{self.name} is a classifier: it writes no comments")
+
+    def served_runs(self) -> dict[str, Engine]:
+        return {self.name: self}
+
+    def score(self, ids: list[list[int]], models: list[str], max_tokens: int | None = None) -> np.ndarray:
+        return self.logits(ids, max_tokens=max_tokens)
 
     def encode(self, texts: list[str]) -> Encoded:
         """Token ids under the run's long_text policy (one row per text, or per window of a long text)."""

@@ -73,7 +73,7 @@ def predictor(run_path: str, options: EngineOptions = EngineOptions(), log=print
     the run's model loaded once."""
     runs.check_run_dir(run_path)
     classifier = engine_for(run_path, options, log)
-    if getattr(classifier, "writes_comments", False):
+    if classifier.writes_comments:
         return classifier.predict
 
     def rows(texts: list[str]) -> list[dict]:

@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 from fastapi import FastAPI, Header, Query, Request
@@ -32,6 +33,9 @@ from starlette.exceptions import HTTPException
 
 from loracls.errors import first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
+
+if TYPE_CHECKING:
+    from loracls.inference.engine import Engine
 from loracls.inference.http import BodyLimit, ServerMetrics, error, listening_socket
 from loracls.inference.protocol import (
     ERRORS,
@@ -66,13 +70,10 @@ class Served:
     label_and_comment run), or an AdapterSet's runs on one shared base. `pick` finds a request's run (none
     named: the first), and `score(ids, models)` computes rows of any mix of them in one batch."""
 
-    def __init__(self, engine):
-        self.runs = dict(getattr(engine, "runs", None) or {engine.name: engine})
+    def __init__(self, engine: Engine):
+        self.runs = engine.served_runs()
         self.first = next(iter(self.runs.values()))
-        if hasattr(engine, "runs"):
-            self.score = functools.partial(engine.logits, max_tokens=SERVE_MAX_TOKENS)
-        else:
-            self.score = lambda ids, models: engine.logits(ids, max_tokens=SERVE_MAX_TOKENS)
+        self.score = functools.partial(engine.score, max_tokens=SERVE_MAX_TOKENS)
 
     def pick(self, name: str | None):
         if name is None:
@@ -178,7 +179,7 @@ def _routes(app: FastAPI, served: Served, batcher: Batcher, metrics) -> None:
         encoded = classifier.encode(texts)
         probs = classifier.calibrated(await _logits(batcher, classifier, encoded, metrics))
         items = [_classified(classifier, i, row) for i, row in enumerate(probs)]
-        if getattr(classifier, "writes_comments", False):  # label_and_comment: generated after the label
+        if classifier.writes_comments:  # label_and_comment: generated after the label
             chosen = classifier.decision.chosen(probs)
             comments = await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
             items = [item | {"comment": comment} for item, comment in zip(items, comments)]
@@ -226,7 +227,7 @@ def _routes(app: FastAPI, served: Served, batcher: Batcher, metrics) -> None:
         """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it;
         the run picked like every other route's (body `model`, `model` query or `X-Model` header)."""
         classifier = served.pick(body.model or model or x_model)
-        if not getattr(classifier, "writes_comments", False):
+        if not classifier.writes_comments:
             return error(
                 404, "NotFound", f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs"
             )
