@@ -51,20 +51,23 @@ def make_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, **specials)
 
 
+# the small sizes every tiny decoder of the suite shares (tests/families.py too)
+TINY_DECODER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+)
+
+
 def tiny_config(kind: str, vocab_size: int):
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
+    common = dict(TINY_DECODER, vocab_size=vocab_size)
     if kind == "gemma3":
         return Gemma3TextConfig(**common, sliding_window=16)
     if kind == "gemma4":

@@ -12,19 +12,8 @@ from unittest.mock import patch
 import torch
 import transformers
 
-# the small sizes every decoder here shares; a family overrides what its layout needs
-TEXT = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    max_position_embeddings=128,
-    pad_token_id=0,
-    eos_token_id=1,
-    bos_token_id=2,
-)
+from conftest import TINY_DECODER as TEXT  # the sizes every tiny decoder of the suite shares
+
 SLIDING = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
 HYBRID = dict(layer_types=["linear_attention", "full_attention"])
 LINEAR_ATTENTION = dict(
