@@ -67,7 +67,8 @@ def train(config: Config | None, log=print, resume: str | None = None) -> Path:
     """The main job. With `resume`, the run directory's own config and checkpoint are used. The run
     directory's writer lock is held from its first write (or the resume's start) to the end."""
     with contextlib.ExitStack() as held:
-        held.callback(distributed.leave)  # cleanup: the process group is left, after the locks are released
+        if not distributed.joined():  # the outermost job (not label_and_comment's head baseline inside it) ...
+            held.callback(distributed.leave)  # ... leaves the process group it joins, after the locks are released
         problem = runs.read_config(runs.check_resumable(resume)).problem if resume else config.problem
         if problem_for(problem).generative:  # label_and_comment: the causal LM is trained, its own job
             from loracls.jobs.comment import train_label_and_comment

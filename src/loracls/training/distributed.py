@@ -26,7 +26,8 @@ def world_size() -> int:
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    """This process's rank; after the job has left its process group, still the one torchrun gave it."""
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 
 def is_main() -> bool:
@@ -40,6 +41,11 @@ def init_from_environment() -> None:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=backend)
+
+
+def joined() -> bool:
+    """This process is in a process group already (a job started inside another job's)."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def leave() -> None:
