@@ -12,7 +12,6 @@ are then loaded by transformers with `key_mapping`, so the decoder gets transfor
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from loracls.errors import LoraclsError, first_line
 
-__all__ = ["DecoderCheckpoint", "read_decoder", "text_config_of", "checkpoint_keys"]
+__all__ = ["DecoderCheckpoint", "read_decoder", "load_causal_lm", "text_config_of", "checkpoint_keys"]
 
 
 def text_config_of(config: PretrainedConfig) -> PretrainedConfig:
@@ -148,14 +147,6 @@ def read_decoder(model_dir: Path) -> DecoderCheckpoint:
         if not key.startswith(prefix) and key != lm_head:
             skipped[_group(key, prefix)] += numel
     return DecoderCheckpoint(Path(model_dir), text, architecture, prefix, lm_head, dict(skipped))
-
-
-def is_wrapper_config(model_dir: Path) -> bool:
-    """The config.json holds a text_config: a multimodal wrapper (cheap: no weights read)."""
-    try:
-        return "text_config" in json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
 
 
 def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32, log=None):
