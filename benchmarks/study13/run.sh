@@ -6,7 +6,8 @@
 # rounds (every set's `defaults`, then every set's `mean`, ...) so that a cut-short study still compares across
 # sets. Resumable: a finished run is skipped, a killed one is continued (`train --resume`). 1 thread a process;
 # two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU.
-# STUDY_ORDER=set runs every given variant on one set before the next set (pairs of variants compared sooner).
+# STUDY_ORDER=set runs every given variant on one set before the next set (pairs of variants compared sooner);
+# STUDY_SETS="chinese tweets" runs only those sets, in that order.
 # Usage: bash benchmarks/study13/run.sh OUT [VARIANT ...]       then: python3 benchmarks/study13/summarize.py OUT
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -48,11 +49,12 @@ variant_config() {  # what the variant changes
   esac
 }
 mkdir -p "$out/configs" "$out/runs" "$out/logs"
+read -r -a sets <<< "${STUDY_SETS:-rt chinese tweets imbalanced emotions}"
 pairs=()
-for variant in "${variants[@]}"; do for set in rt chinese tweets imbalanced emotions; do pairs+=("$variant $set"); done; done
+for variant in "${variants[@]}"; do for set in "${sets[@]}"; do pairs+=("$variant $set"); done; done
 if [ "${STUDY_ORDER:-variant}" = set ]; then
   pairs=()
-  for set in rt chinese tweets imbalanced emotions; do for variant in "${variants[@]}"; do pairs+=("$variant $set"); done; done
+  for set in "${sets[@]}"; do for variant in "${variants[@]}"; do pairs+=("$variant $set"); done; done
 fi
 for pair in "${pairs[@]}"; do
     read -r variant set <<< "$pair"
