@@ -1,6 +1,7 @@
 """Export routes, each checked against torch: ONNX (onnxruntime), a bf16 merged model, and their refusals."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -68,6 +69,28 @@ def test_onnx_exporter_failure_is_one_line_and_leaves_nothing(run_copy, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("loracls: the ONNX exporter") and "RuntimeError: Found <class 'DynamicCache'>" in err[-1]
     assert not (run_copy / "onnx").exists()
+
+
+def test_an_onnx_graph_with_fixed_input_axes_is_not_kept(run_copy, monkeypatch, capsys):
+    """An exporter that fixes the batch and sequence axes at the example's shape (which no padding inside the
+    graph can undo) makes a graph that fails on every other input: refused, nothing written."""
+    pytest.importorskip("onnxscript")
+    import torch
+
+    from loracls.inference import onnx_export
+
+    def static(model, example, pad_to, pad_id):
+        return torch.export.export(onnx_export._Logits(model).eval(), (), kwargs=example, strict=False)
+
+    monkeypatch.setattr(onnx_export, "_program", static)
+    assert main(["export", str(run_copy), "--format", "onnx"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(
+        r"loracls: the ONNX exporter fixed input_ids's batch at 2, input_ids's sequence at \d+, .*"
+        r"\(it cannot keep them dynamic\); not kept",
+        err[-1],
+    ), err[-1]
+    assert not (run_copy / "onnx").exists() and not list(run_copy.glob(".onnx*"))
 
 
 def test_bf16_merged_model_is_half_the_size_and_checked(run_copy, capsys):

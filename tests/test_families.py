@@ -18,9 +18,10 @@ from safetensors.torch import load_file, save_file
 from conftest import make_tokenizer, synthetic_frame, tiny_overrides
 from families import BY_NAME, FAMILIES, towers_without_backends, write_family
 from loracls.cli import main
+from loracls.runs import read_config
 
-# hybrid linear-attention decoders: torch's exporter fixes the sequence length (refused, nothing kept)
-ONNX_FIXED_SEQUENCE = {"olmo-hybrid", "qwen3.5-moe"}
+# hybrid linear-attention decoders: the sequence length cannot stay dynamic; exported padded to max_length
+ONNX_PADDED = {"olmo-hybrid", "qwen3.5-moe"}
 TEXTS = ["good great film", "awful dull boring plot", "the movie was very lovely", "clumsy messy script"]
 
 
@@ -107,15 +108,11 @@ def test_family_end_to_end(family_runs, capsys, name):
         for label, probability in ours["probabilities"].items():
             assert theirs[label] == pytest.approx(probability, abs=1e-3)
     assert not any(key.startswith(("language_model.", "model.language_model.")) for key in _merged_keys(run))
-    if name == "qwen3.5-moe":  # the same refusal as olmo-hybrid's (a 60-90 s trace on a busy 2-core CPU)
-        return
     code = main(["export", str(run), "--format", "onnx"])
-    if name in ONNX_FIXED_SEQUENCE:
-        assert code == 2 and "cannot keep them dynamic" in capsys.readouterr().err
-        assert not (run / "onnx").exists() and not list(run.glob(".onnx*"))
-    else:
-        assert code == 0, capsys.readouterr().err
-        assert json.loads(capsys.readouterr().out.splitlines()[-1])["predictions_equal"]
+    assert code == 0, capsys.readouterr().err
+    check = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert check["predictions_equal"] and check["max_probability_difference"] < 1e-3
+    assert check["sequence_padded_to"] == (read_config(run).max_length if name in ONNX_PADDED else None)
 
 
 def _merged_keys(run):

@@ -165,6 +165,7 @@ class ExportCheck:
     accuracy: float | None = None  # int8 ONNX: the export's test accuracy ...
     reference_accuracy: float | None = None  # ... and the fp32 PyTorch model's, on the same texts
     non_finite: int = 0  # texts on which the export gave NaN or inf
+    sequence_padded_to: int | None = None  # ONNX: inputs padded inside the graph to this length (no dynamic one)
 
 
 @dataclass

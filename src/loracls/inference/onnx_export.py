@@ -27,13 +27,19 @@ MATCH_TOLERANCE = 1e-3  # max probability difference accepted between onnxruntim
 
 
 class _Logits(torch.nn.Module):
-    """input_ids, attention_mask -> logits (no KV cache in the outputs: the exporter cannot carry it)."""
+    """input_ids, attention_mask -> logits (no KV cache in the outputs: the exporter cannot carry it).
+    `pad_to`: the inputs are right-padded inside the graph to that many tokens first, so that what follows
+    sees one fixed length (texts are never longer: they are cut or chunked at the run's max_length)."""
 
-    def __init__(self, model):
+    def __init__(self, model, pad_to: int | None = None, pad_id: int = 0):
         super().__init__()
-        self.model = model
+        self.model, self.pad_to, self.pad_id = model, pad_to, pad_id
 
     def forward(self, input_ids, attention_mask):
+        if self.pad_to is not None:
+            extra = self.pad_to - input_ids.shape[1]
+            input_ids = torch.nn.functional.pad(input_ids, (0, extra), value=self.pad_id)
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, extra), value=0)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
@@ -45,19 +51,40 @@ def _require_onnx():
         raise LoraclsError("export --format onnx needs: pip install onnx onnxscript onnxruntime") from None
 
 
-def _export(model, example: dict, target: Path) -> None:
+def _program(model, example: dict, pad_to: int | None, pad_id: int):
+    """torch.export's program with batch and sequence length dynamic (up to `pad_to` where given)."""
+    batch = torch.export.Dim("batch")
+    seq = torch.export.Dim("sequence", max=pad_to) if pad_to else torch.export.Dim("sequence")
+    shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    return torch.export.export(
+        _Logits(model, pad_to, pad_id).eval(), (), kwargs=example, dynamic_shapes=shapes, strict=False
+    )
+
+
+def export_dynamic(model, example: dict, target: Path, max_length: int, pad_id: int, log) -> int | None:
+    """Dynamic batch and sequence length. Where the sequence length cannot stay dynamic (chunked linear
+    attention, as in Qwen3.5 and Olmo hybrids, loops over a number of chunks set by the length), the graph
+    takes its inputs padded inside it to max_length: still any batch and any length up to max_length, each text
+    computed at max_length. Returns that padded length, or None."""
     import logging
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's registry warnings are not ours to show
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
-    shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    padded = None
     try:
-        program = torch.onnx.export(
-            _Logits(model).eval(),
+        try:
+            program = _program(model, example, None, pad_id)
+        except torch._dynamo.exc.UserError as exc:  # "Constraints violated (sequence)": a guard fixed the length
+            log(
+                f"export: this model's sequence length cannot stay dynamic in the graph (torch.export: "
+                f"{first_line(exc, 60)}); its inputs are padded to {max_length} inside the graph"
+            )
+            padded = max_length
+            program = _program(model, example, padded, pad_id)
+        onnx_program = torch.onnx.export(
+            program,
             (),
             kwargs=example,
             dynamo=True,
-            dynamic_shapes=shapes,
             input_names=["input_ids", "attention_mask"],
             output_names=["logits"],
             verbose=False,
@@ -67,7 +94,9 @@ def _export(model, example: dict, target: Path) -> None:
             f"the ONNX exporter (torch {torch.__version__}) cannot export this model: "
             f"{type(exc).__name__}: {first_line(exc, 240)}"
         ) from None
-    program.save(str(target), external_data=True)  # a full disk here is said as such by replace_dir
+    onnx_program.save(str(target), external_data=True)  # a full disk here is said as such by replace_dir
+    check_dynamic_inputs(target)
+    return padded
 
 
 def use_exportable_experts(model, log) -> None:
@@ -83,20 +112,27 @@ def use_exportable_experts(model, log) -> None:
     log("export: mixture-of-experts layers exported with experts_implementation='batched_mm'")
 
 
-def check_dynamic_inputs(path: Path) -> None:
-    """The graph's inputs must keep batch and sequence length free (a graph fixed at the example's shape
-    would fail on every other input)."""
+def fixed_input_axes(path: Path) -> list[str]:
+    """The graph inputs' batch and sequence axes that the exporter fixed, e.g. "input_ids's sequence at 7"."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
-    for value in graph.input:
-        dims = value.type.tensor_type.shape.dim
-        fixed = [f"{axis} at {dim.dim_value}" for axis, dim in zip(("batch", "sequence"), dims) if not dim.dim_param]
-        if fixed:
-            raise LoraclsError(
-                f"the ONNX exporter fixed {value.name}'s {', '.join(fixed)} for this model (it cannot keep them "
-                f"dynamic); not kept"
-            )
+    return [
+        f"{value.name}'s {axis} at {dim.dim_value}"
+        for value in graph.input
+        for axis, dim in zip(("batch", "sequence"), value.type.tensor_type.shape.dim)
+        if not dim.dim_param
+    ]
+
+
+def check_dynamic_inputs(path: Path) -> None:
+    """The graph's inputs must keep batch and sequence length free (a graph fixed at the example's shape
+    would fail on every other input)."""
+    fixed = fixed_input_axes(path)
+    if fixed:
+        raise LoraclsError(
+            f"the ONNX exporter fixed {', '.join(fixed)} for this model (it cannot keep them dynamic); not kept"
+        )
 
 
 def _run_onnx(path: Path, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
@@ -140,9 +176,12 @@ def export_onnx(
     log(f"export: tracing {classifier.name} for ONNX (torch.onnx dynamo exporter) ...")
     use_exportable_experts(classifier.model, log)
 
+    padded = []
+
     def fill(staging: Path) -> None:
-        _export(classifier.model, example, staging / "model.onnx")
-        check_dynamic_inputs(staging / "model.onnx")
+        padded.append(
+            export_dynamic(classifier.model, example, staging / "model.onnx", classifier.max_length, pad, log)
+        )
         classifier.tokenizer.save_pretrained(staging)
         InputFormat(
             classifier.input_template,
@@ -167,6 +206,7 @@ def export_onnx(
             file=str(target / "model.onnx"),
             texts_per_second=len(a) / onnx_seconds,
             reference_texts_per_second=len(a) / torch_seconds,
+            sequence_padded_to=padded[-1],
         )
         if result.non_finite or result.max_probability_difference > MATCH_TOLERANCE:
             raise LoraclsError(

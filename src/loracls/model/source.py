@@ -100,9 +100,16 @@ def _convert(gguf: Path, target: Path, log) -> None:
     log(f"model: converting {gguf.name} to a safetensors cache (once; about a minute) -> {target}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            ignore_mismatched_sizes=True,  # said below, for every weight at once
+            output_loading_info=True,
+        )
     except Exception as exc:
         raise LoraclsError(f"cannot load GGUF {gguf}: {first_line(exc)}") from None
+    check_gguf_read_fully(gguf, model.config.model_type, info)
     clear_gguf_marker(model)
 
     def fill(staging: Path) -> None:
@@ -110,6 +117,26 @@ def _convert(gguf: Path, target: Path, log) -> None:
         tokenizer.save_pretrained(staging)
 
     files.replace_dir(target, fill, "the converted model cache")
+
+
+def check_gguf_read_fully(gguf: Path, model_type: str, info: dict) -> None:
+    """transformers builds the config from the GGUF's metadata keys it knows; where it misses some (Gemma 4 in
+    transformers 5.25: the sliding layers' head size, the per-layer inputs, the layer pattern), weights do not
+    fit the model it builds, or are absent, and would be initialised at random and cached as if read."""
+    mismatched = sorted(info.get("mismatched_keys") or [])
+    missing = sorted(info.get("missing_keys") or [])
+    if not mismatched and not missing:
+        return
+    if mismatched:
+        key, in_file, in_model = mismatched[0]
+        example = f"e.g. {key}: {tuple(in_file)} in the file, {tuple(in_model)} in the model it builds"
+    else:
+        example = f"e.g. {missing[0]} is not in the file"
+    raise LoraclsError(
+        f"GGUF {gguf.name}: transformers {transformers.__version__} does not read this {model_type} GGUF fully: "
+        f"{len(mismatched) + len(missing)} weight(s) do not fit the config it builds from the file ({example}); "
+        f"use the model's safetensors release (a folder or hub id) instead"
+    )
 
 
 def resolve_model_dir(spec: str, log=print) -> Path:
