@@ -193,7 +193,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     import functools
 
     from loracls.config import from_dict
-    from loracls.data.batching import TextEncoder
+    from loracls.data.batching import TextEncoder, TrainSet
     from loracls.data.splits import class_weight_vector, load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.classifier import load_classifier
@@ -202,7 +202,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     from loracls.model.speedups import apply_speedups
     from loracls.problems import Decision
     from loracls.training.logger import RunLogger
-    from loracls.training.loop import Trainer, TrainSet
+    from loracls.training.loop import Trainer
 
     settings = {"model": str(model_dir), "data": str(data), "train_size": 40, "validation_size": 4, "test_size": 4}
     config = from_dict({**settings, "precision": "fp32", "output_dir": str(run.parent), **values})

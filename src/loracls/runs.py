@@ -32,6 +32,7 @@ TRAIN_LOG = "train_log.jsonl"
 METRICS = "metrics.json"
 BASELINE = "baseline.json"
 TFIDF = "tfidf.json"
+UNTRAINED = "untrained.json"  # label_and_comment: the run's prompt before training (the adapter disabled)
 ENCODER = "encoder.json"
 ADAPTER = "adapter"
 MERGED = "merged"
@@ -169,6 +170,15 @@ class ExportCheck:
 
 
 @dataclass
+class UntrainedRecord:
+    """label_and_comment's untrained rung: the run's own prompt before its first step (the adapter disabled) on
+    the test split: the label words' accuracy and the ROUGE-L of the comments it writes."""
+
+    accuracy: float
+    rouge_l: float
+
+
+@dataclass
 class CommentMetrics:
     """label_and_comment: the generated comments of the test split against the references."""
 
@@ -280,6 +290,10 @@ def read_baseline(run: Path) -> BaselineRecord:
 
 def read_tfidf(run: Path) -> TfidfRecord:
     return read_record(run / TFIDF, TfidfRecord)
+
+
+def read_untrained(run: Path) -> UntrainedRecord:
+    return read_record(run / UNTRAINED, UntrainedRecord)
 
 
 def encoder_file(index: int) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from loracls.errors import LoraclsError
+from loracls.problems import Problem
 
 
 def encode(tokenizer, texts: list[str], max_length: int, template: str | None = None) -> list[list[int]]:
@@ -207,3 +208,16 @@ def collate(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
         input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[row, : len(seq)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@dataclass
+class TrainSet:
+    """The training split as the loop sees it: token ids (one row per example, or per window of a long text)
+    with their labels, and what the loss needs."""
+
+    ids: list[list[int]]
+    labels: list
+    num_labels: int
+    pad_id: int
+    problem: Problem
+    class_weight: torch.Tensor | None = None

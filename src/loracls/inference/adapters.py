@@ -53,7 +53,7 @@ def _checked_runs(paths: list[str], log) -> list[tuple[Path, object]]:
     for path in paths:
         run = runs.check_run_dir(path)
         config = runs.read_config(run)
-        if problem_for(config.problem).generative:
+        if problem_for(config.problem).scorer != "head":
             raise LoraclsError(f"serve: {run} is a {config.problem} run; such runs are served alone")
         if not (run / runs.ADAPTER / ADAPTER_WEIGHTS).is_file():
             raise LoraclsError(

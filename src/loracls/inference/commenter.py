@@ -4,17 +4,14 @@ run's temperature), then its comment generated after that label. The base causal
 from __future__ import annotations
 
 import numpy as np
-from peft import PeftModel
 
 from loracls import runs
 from loracls.data.batching import Encoded
-from loracls.errors import LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.model.checkpoint import load_causal_lm
 from loracls.model.generation import comments_after_labels
 from loracls.model.label_scoring import LabelScorer
+from loracls.model.scorers import LabelWordScorer
 from loracls.model.source import resolve_model_dir
-from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import prediction_rows
 from loracls.problems.label_and_comment import label_words, prompt_template
 
@@ -25,25 +22,23 @@ class Commenter:
 
     writes_comments = True
     long_text = "truncate"
-    precision = "float32"
 
-    def __init__(self, run_path: str, log=print, batch_size: int | None = None, device: str | None = None):
+    def __init__(
+        self, run_path: str, log=print, batch_size: int | None = None, device: str | None = None, precision=None
+    ):
         run = runs.check_run_dir(run_path)
         config = runs.read_config(run)
         self.id2label, self.decision = runs.read_labels(run), runs.read_decision(run)
         self.labels = [self.id2label[i] for i in range(len(self.id2label))]
         self.name, self.max_length, self.input_template = run.name, config.max_length, config.input_template
-        self.runtime = setup_runtime(device or config.device, "fp32", config.threads)
+        self.precision = precision or "fp32"  # comments are compared in fp32 by the export check
+        self.runtime = setup_runtime(device or config.device, self.precision, config.threads)
         self.batch_size, self.max_comment_tokens = batch_size or config.eval_batch_size, config.max_comment_tokens
         self.comment_candidates = config.comment_candidates
         model_dir = resolve_model_dir(config.model, log)
-        self.tokenizer = load_tokenizer(model_dir, lambda *a: None)
-        try:
-            base = load_causal_lm(model_dir)
-            self.model = PeftModel.from_pretrained(base, str(run / runs.ADAPTER)).to(self.runtime.device).eval()
-            self.source = f"{config.model} + {run / runs.ADAPTER}"
-        except Exception as exc:
-            raise LoraclsError(f"{run}: cannot load the adapter on {model_dir}: {first_line(exc, 200)}") from None
+        model, self.tokenizer = LabelWordScorer().load(config, model_dir, self.id2label, run / runs.ADAPTER)
+        self.model = model.to(self.runtime.device).eval()
+        self.source = f"{config.model} + {run / runs.ADAPTER}"
         self.scorer = LabelScorer(
             self.model, self.tokenizer, prompt_template(config.input_template),
             label_words(config.verbalizers, self.id2label), config.max_length, self.batch_size, self.runtime,

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from peft import PeftModel
+from transformers import AutoModelForCausalLM
 
 from loracls import files, runs
+from loracls.data.batching import TextEncoder
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
 from loracls.inference.plain_check import plain_transformers_check, write_model_card
-from loracls.model.classifier import head_options, is_generic, load_classifier, load_standalone, write_generic_module
+from loracls.model.classifier import is_generic, load_standalone, write_generic_module
 from loracls.model.lora import head_name
+from loracls.model.scorers import Built, Scorer, Setup, comments, label_logprobs, scorer_for
 from loracls.model.scoring import predict_logits
-from loracls.problems import Decision
+from loracls.problems import Decision, problem_for
 from loracls.runs import INPUT_FORMAT, ExportCheck, InputFormat
 
 # predictions may differ only where the adapter's top two classes are this close: in fp32 the merge changes
@@ -47,9 +49,12 @@ def compare_predictions(
     )
 
 
-def export_merged(
-    run: Path, model_dir: Path, id2label: dict[int, str], ids: list[list[int]], config, runtime, log=print
-) -> ExportCheck:
+def export_run(setup: Setup, scorer: Scorer, built: Built, run: Path) -> ExportCheck:
+    """run/merged for the run's scorer, written in staging, checked there and swapped in only when it passes."""
+    return EXPORTS[scorer.name](setup, scorer, built, run)
+
+
+def export_merged(setup: Setup, scorer: Scorer, built: Built | None, run: Path) -> ExportCheck:
     """Saved adapter on a fresh full-precision base -> merge_and_unload -> the decision folded into the head
     -> run/merged (weights in `config.merge_dtype`, the text-only layout) -> checked in staging, swapped in
     only when it passes.
@@ -60,14 +65,16 @@ def export_merged(
     bf16), not how a low-precision matmul rounds W x + B A x versus (W + B A) x. The staged copy is then
     read back the way a user reads it: plain transformers in a fresh process (`plain_check`).
     """
+    config, runtime, id2label = setup.config, setup.runtime, setup.dataset.id2label
     batch_size, dtype = config.eval_batch_size, config.merge_dtype
     exact = Runtime(runtime.device, torch.float32)
     decision = runs.read_decision(run)
-    loaded = load_classifier(model_dir, id2label, log=lambda *_: None, problem=decision.problem, **head_options(config))
-    peft_model = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER)).to(runtime.device)
+    peft_model, tokenizer = scorer.load(config, setup.model_dir, id2label, run / runs.ADAPTER)
+    peft_model = peft_model.to(runtime.device)
+    ids = TextEncoder.for_config(config, tokenizer).encode(setup.dataset.test.texts).ids
 
     def logits(model) -> np.ndarray:
-        return predict_logits(model, ids, loaded.tokenizer.pad_token_id, batch_size, exact)
+        return predict_logits(model, ids, tokenizer.pad_token_id, batch_size, exact)
 
     adapter_probs = decision.probabilities(logits(peft_model))
     merged = peft_model.merge_and_unload()
@@ -76,7 +83,7 @@ def export_merged(
     fmt = replace(InputFormat.of_run(config, decision), decision=exported)
 
     def fill(staging: Path) -> None:
-        save_text_layout(merged, loaded.tokenizer, staging, fmt)
+        save_text_layout(merged, tokenizer, staging, fmt)
 
     def check(staging: Path) -> ExportCheck:
         standalone = load_standalone(staging).to(runtime.device)
@@ -87,12 +94,55 @@ def export_merged(
         return result
 
     result = export_checked(run / runs.MERGED, fill, check, "the merged model")
-    log(
+    setup.log(
         f"export: merged model ({dtype} weights) in {run / runs.MERGED}; test predictions equal the adapter's "
         f"(computed in fp32, max probability difference {result.max_probability_difference:.2e}); "
         f"plain transformers in a fresh process gives the same calibrated probabilities"
     )
     return result
+
+
+def export_causal_lm(setup: Setup, scorer: Scorer, built: Built, run: Path) -> ExportCheck:
+    """label_and_comment: the saved adapter on a fresh fp32 base -> merge_and_unload -> run/merged (the causal
+    LM, its tokenizer and loracls_input.json), checked in staging against that adapter on the test split, both
+    in fp32 without autocast (the check is that the two compute the same function, not how a bf16 matmul rounds
+    W x + B A x against (W + B A) x: under bf16 autocast 1 of 200 WordNet labels flipped): the same labels
+    (beyond ties) and the share of equal comments (the same decoding: greedy, or the candidates' rule)."""
+    test, config, decision = setup.dataset.test, setup.config, runs.read_decision(run)
+    exact_setup = replace(setup, runtime=Runtime(setup.runtime.device, torch.float32))
+    model, tokenizer = scorer.load(config, setup.model_dir, setup.dataset.id2label, run / runs.ADAPTER)
+    exact = replace(built, model=model.to(setup.runtime.device).eval(), tokenizer=tokenizer)
+    adapter_probs = decision.probabilities(label_logprobs(exact_setup, exact, test.texts))
+    chosen = decision.chosen(adapter_probs)
+    adapter_comments = comments(exact_setup, exact, test.texts, chosen).texts
+    merged = exact.model.merge_and_unload()
+
+    def fill(staging: Path) -> None:
+        merged.save_pretrained(staging, save_original_format=False)  # the text layout (see save_text_layout)
+        tokenizer.save_pretrained(staging)
+        InputFormat.of_run(config, decision).write(staging / INPUT_FORMAT)
+
+    def check(staging: Path) -> ExportCheck:
+        standalone = AutoModelForCausalLM.from_pretrained(str(staging), dtype=torch.float32)
+        reread = replace(exact, model=standalone.to(setup.runtime.device).eval())
+        merged_probs = decision.probabilities(label_logprobs(exact_setup, reread, test.texts))
+        result = compare_predictions(adapter_probs, merged_probs, "fp32", decision)
+        refuse_unfaithful(result, run / runs.MERGED, "test labels")
+        again = comments(exact_setup, reread, test.texts, chosen).texts
+        equal = [a == b for a, b in zip(again, adapter_comments)]
+        result.comments_equal = float(np.mean(equal)) if equal else 1.0
+        return result
+
+    result = export_checked(run / runs.MERGED, fill, check, "the merged model")
+    setup.log(
+        f"export: merged causal LM in {run / runs.MERGED}; test labels equal the adapter's in fp32 (max "
+        f"probability difference {result.max_probability_difference:.2e}), {100 * result.comments_equal:.0f}% of "
+        "comments equal"
+    )
+    return result
+
+
+EXPORTS = {"head": export_merged, "label_words": export_causal_lm}
 
 
 def export_checked(target: Path, fill, check, what: str):
@@ -139,21 +189,19 @@ def remerge(run_path: str, dtype: str, log=print) -> ExportCheck:
     """`loracls export RUN --format merged --dtype D`: write run/merged again with weights in D, checked like
     the train job's export; metrics.json's export record is updated."""
     from loracls.config import from_dict
-    from loracls.data.batching import TextEncoder
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.source import resolve_model_dir
-    from loracls.model.tokenizer import load_tokenizer
 
     run = runs.check_run_dir(run_path)
     config = from_dict({"merge_dtype": dtype}, base=runs.read_config(run))
-    id2label = runs.read_labels(run)
     metrics = runs.read_metrics(run) if (run / runs.METRICS).is_file() else None
     model_dir = resolve_model_dir(config.model, log)
-    encoder = TextEncoder.for_config(config, load_tokenizer(model_dir, lambda *_: None))
-    ids = encoder.encode(load_dataset(config).test.texts).ids  # the rows the train job's export check scored
+    dataset = load_dataset(config)  # its test split: the rows the train job's export check scored
+    dataset.id2label = runs.read_labels(run)
     runtime = setup_runtime(config.device, config.precision, config.threads)
-    check = export_merged(run, model_dir, id2label, ids, config, runtime, log)
+    scorer = scorer_for(problem_for(config.problem))
+    check = export_merged(Setup(config, dataset, model_dir, runtime, log), scorer, None, run)
     if metrics is not None:
         metrics.export = check
         runs.write_record(run / runs.METRICS, metrics)

@@ -31,11 +31,11 @@ def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log=prin
     engine, device, precision, batch_size = options.engine, options.device, options.precision, options.batch_size
     if engine == "ray":
         raise LoraclsError("--engine ray scores a file: predict RUN --file IN --out DIR --engine ray")
-    generative = False
+    scorer = "head"  # a merged classifier directory
     if (Path(run_path) / runs.CONFIG).is_file():
-        generative = problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).generative
+        scorer = problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).scorer
     if engine != "torch":
-        if generative:
+        if scorer != "head":
             raise LoraclsError(f"--engine {engine}: a label_and_comment run has no ONNX export; use --engine torch")
         if device not in (None, "cpu") or precision is not None:
             raise LoraclsError(
@@ -44,10 +44,10 @@ def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log=prin
         from loracls.inference.onnx_engine import OnnxClassifier
 
         return OnnxClassifier(run_path, log, batch_size, engine)
-    if generative:
+    if scorer == "label_words":
         from loracls.inference.commenter import Commenter
 
-        return Commenter(run_path, log, batch_size, device)
+        return Commenter(run_path, log, batch_size, device, precision)
     return Classifier(run_path, log, batch_size, device, precision)
 
 

@@ -16,12 +16,20 @@ from loracls.baselines.encoder import encoder_specs, run_encoder
 from loracls.baselines.tfidf import run_tfidf
 from loracls.baselines.zero_shot import code_labels, codes_reason, run_baseline
 from loracls.config import Config
-from loracls.data.splits import Dataset
+from loracls.model.scorers import Built, Scorer, Setup
 from loracls.problems import Decision, prediction_rows, problem_for
-from loracls.runs import BaselineRecord, BaselineSummary, EncoderRecord, SkippedBaseline, TfidfRecord
+from loracls.runs import (
+    BaselineRecord,
+    BaselineSummary,
+    EncoderRecord,
+    Metrics,
+    SkippedBaseline,
+    TfidfRecord,
+    UntrainedRecord,
+)
 from loracls.verdict import LadderRow, Verdict, decide, format_table
 
-__all__ = ["Ladder", "run_ladder", "zero_shot_skip_reason", "verdict_of"]
+__all__ = ["Ladder", "RUNGS", "rungs_of", "run_ladder", "zero_shot_skip_reason", "verdict_of", "say_verdict"]
 
 
 @dataclass
@@ -32,6 +40,8 @@ class Ladder:
     tfidf: TfidfRecord | None = None
     encoders: list[EncoderRecord] = field(default_factory=list)
     skipped: list[SkippedBaseline] = field(default_factory=list)
+    untrained: UntrainedRecord | None = None  # label_words: the run's own prompt, the adapter disabled
+    head: Metrics | None = None  # label_words: the classification-head LoRA on the same split (its own run)
 
     def summary(self) -> BaselineSummary:
         out = BaselineSummary(skipped=list(self.skipped))
@@ -54,34 +64,48 @@ def zero_shot_skip_reason(config: Config, id2label: dict[int, str]) -> str | Non
     return codes_reason(codes) if codes else None
 
 
-def run_ladder(
-    config: Config, dataset: Dataset, runtime, model_dir: Path, tokenizer, run: Path | None, log=print
-) -> Ladder:
-    """Every baseline the config names, on the test split; with `run`, each record is written there (and
-    read back where a resumed run already has it)."""
+# the rungs each scorer climbs, by the name a config gives them (`baselines`) -> the rung run for it
+RUNGS = {
+    "head": {"zero_shot": "zero_shot_prompt", "tfidf": "tfidf", "encoder": "encoder"},
+    "label_words": {"zero_shot": "untrained", "head": "head_lora"},
+}
+
+
+def rungs_of(config: Config, scorer_name: str) -> list[str]:
+    """The rungs a run climbs: the config's baselines that its scorer has, as rung names (in RUNGS' order)."""
+    if not config.baseline:
+        return []
+    return [rung for name, rung in RUNGS[scorer_name].items() if name in config.baselines]
+
+
+def run_ladder(setup: Setup, tokenizer, run: Path | None, rungs: list[str], own: tuple[Scorer, Built] | None = None):
+    """The rungs run in this process, on the test split (`head_lora` trains a run of its own: the job runs
+    it); with `run`, each record is written there (and read back where a resumed run already has it).
+    `own`: the run's scorer and its model before training, for the `untrained` rung."""
+    config, dataset, log = setup.config, setup.dataset, setup.log
     ladder = Ladder()
-    if "zero_shot" in config.baselines:
+    if "zero_shot_prompt" in rungs:
         reason = zero_shot_skip_reason(config, dataset.id2label)
         if reason:
             log(f"baseline: zero-shot skipped: {reason}")
             ladder.skipped.append(SkippedBaseline("zero_shot", reason))
         else:
             ladder.zero_shot = _cached(
-                run,
-                runs.BASELINE,
-                runs.read_baseline,
-                lambda: _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log),
+                run, runs.BASELINE, runs.read_baseline, lambda: _zero_shot(setup, tokenizer, run)
             )
-    if "tfidf" in config.baselines:
+    if "untrained" in rungs and own is not None:
+        scorer, built = own
+        ladder.untrained = _cached(run, runs.UNTRAINED, runs.read_untrained, lambda: scorer.untrained(setup, built))
+    if "tfidf" in rungs:
         ladder.tfidf = _cached(run, runs.TFIDF, runs.read_tfidf, lambda: run_tfidf(dataset, config.seed, log))
-    if "encoder" in config.baselines:
-        for index, spec in enumerate(encoder_specs(config, runtime)):
+    if "encoder" in rungs:
+        for index, spec in enumerate(encoder_specs(config, setup.runtime)):
             ladder.encoders.append(
                 _cached(
                     run,
                     runs.encoder_file(index),
                     lambda run, index=index: runs.read_encoder(run, index),
-                    lambda spec=spec: run_encoder(dataset, config, runtime, spec, log),
+                    lambda spec=spec: run_encoder(dataset, config, setup.runtime, spec, log),
                 )
             )
     return ladder
@@ -96,10 +120,11 @@ def _cached(run: Path | None, name: str, read, compute):
     return record
 
 
-def _zero_shot(config, dataset, runtime, model_dir, tokenizer, run, log) -> BaselineRecord:
+def _zero_shot(setup: Setup, tokenizer, run: Path | None) -> BaselineRecord:
+    dataset = setup.dataset
     test = dataset.test
     result, plain, _ = run_baseline(
-        model_dir, tokenizer, test.texts, test.labels, dataset.id2label, config, runtime, log
+        setup.model_dir, tokenizer, test.texts, test.labels, dataset.id2label, setup.config, setup.runtime, setup.log
     )
     if run is not None:
         files.write_jsonl(

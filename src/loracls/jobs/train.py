@@ -7,7 +7,8 @@ is made, so bad input leaves nothing behind. Under torchrun every process runs t
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,60 +21,48 @@ from loracls.baselines.encoder import check_encoder, encoder_specs
 from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
 from loracls.calibration import CalibrationRecord
 from loracls.config import Config, from_dict
-from loracls.data.batching import Encoded, TextEncoder, check_texts_have_tokens
-from loracls.data.splits import Dataset, class_weight_vector, format_counts, load_dataset
+from loracls.data.splits import Dataset, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
-from loracls.inference.export import export_merged
-from loracls.jobs.ladder import Ladder, run_ladder, say_verdict, verdict_of, zero_shot_skip_reason
+from loracls.inference.export import export_run
+from loracls.jobs.ladder import Ladder, run_ladder, rungs_of, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.jobs.preflight import preflight
-from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
-from loracls.model.classifier import (
-    LoadedModel,
-    check_max_length,
-    head_options,
-    init_head_from_verbalizers,
-    load_classifier,
-)
-from loracls.model.lora import LoraReport, LoraSpec, apply_lora
-from loracls.model.scoring import check_finite_forward, evaluate, predict_logits
+from loracls.model.scorers import Built, Scorer, Setup, scorer_for
+from loracls.model.scoring import check_finite_forward
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import apply_speedups
 from loracls.problems import Decision, evaluation, problem_for
-from loracls.runs import Metrics, ModelSummary
+from loracls.runs import CommentMetrics, Metrics, ModelSummary
 from loracls.training import distributed
 from loracls.training.logger import RunLogger
-from loracls.training.loop import Trainer, TrainResult, TrainSet
+from loracls.training.loop import Trainer, TrainResult
 from loracls.training.plan import describe
 from loracls.verdict import LadderRow
 
 
 @dataclass
 class Job:
-    config: Config
-    runtime: Runtime
-    dataset: Dataset
-    model_dir: Path
-    loaded: LoadedModel
-    lora: LoraReport
-    model: torch.nn.Module  # the PEFT model being trained
+    setup: Setup  # config, data, base model directory, runtime, log
+    scorer: Scorer
+    built: Built  # the model being trained, its tokenizer and encoded splits
     run: Path
     resumed: bool
-    log: object
-    encoded: dict[str, Encoded]  # split -> its token ids under the long_text policy
     attention: str | None  # the attention implementation the speed-ups chose
+
+    @property
+    def config(self) -> Config:
+        return self.setup.config
+
+    @property
+    def log(self):
+        return self.setup.log
 
 
 def train(config: Config | None, log=print, resume: str | None = None) -> Path:
-    """The main job. With `resume`, the run directory's own config and checkpoint are used. The run
-    directory's writer lock is held from its first write (or the resume's start) to the end."""
+    """The job, for every problem: its scorer (model/scorers.py) is the one thing that differs. With `resume`,
+    the run directory's own config and checkpoint are used. The run directory's writer lock is held from its
+    first write (or the resume's start) to the end; `cleanup` runs however the job ends."""
     with contextlib.ExitStack() as held:
-        if not distributed.joined():  # the outermost job (not label_and_comment's head baseline inside it) ...
-            held.callback(distributed.leave)  # ... leaves the process group it joins, after the locks are released
-        problem = runs.read_config(runs.check_resumable(resume)).problem if resume else config.problem
-        if problem_for(problem).generative:  # label_and_comment: the causal LM is trained, its own job
-            from loracls.jobs.comment import train_label_and_comment
-
-            return train_label_and_comment(config, log, resume, held)
+        held.callback(_cleanup, joined_before=distributed.joined())
         return _train(config, log, resume, held)
 
 
@@ -81,16 +70,16 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     started = time.perf_counter()
     job = _prepare(config, log, resume, held)
     ladder = _baselines(job)
+    _place(job)
     result = _fit(job)
-    encoded = {name: job.encoded[name] for name in ("validation", "test")}
-    logits, texts_per_second = _best_logits(job, encoded)
+    logits, texts_per_second = _best_logits(job)
     if not distributed.is_main():
         return job.run
     decision, calibration = _decide(job, logits)
-    test = _write_test(job, decision.probabilities(logits["test"]), decision)
+    test, comments = _test(job, decision.probabilities(logits["test"]), decision)
     summary = _model_summary(job)
-    del job.model, job.loaded  # the export starts from the saved adapter
-    export = _export(job, encoded["test"].ids)
+    job.built.model = None  # the export starts from the saved adapter
+    export = export_run(job.setup, job.scorer, job.built, job.run) if job.config.merge else None
     lora = LadderRow(
         "LoRA",
         test.accuracy,
@@ -106,15 +95,16 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
         validation=result.validation_summary(job.config.select_by),
         train=result.summary(),
         model=summary,
-        data=job.dataset.class_counts(),
+        data=job.setup.dataset.class_counts(),
         wall_seconds=time.perf_counter() - started,
         baseline=ladder.summary() if ladder is not None else None,
         export=export,
-        data_notes=job.dataset.notes,
-        long_texts={name: sum(split.long) for name, split in job.encoded.items()},
+        data_notes=job.setup.dataset.notes,
+        long_texts={name: sum(split.long) for name, split in job.built.encoded.items()},
         calibration=calibration,
         problem=job.config.problem,
         verdict=verdict_of(ladder, lora, test.examples, job.config.select_by),
+        comments=_with_rungs(comments, ladder),
     )
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
@@ -141,49 +131,33 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     preflight(config, runtime)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
-    check_verbalizers(config, dataset.id2label)
-    if (
-        config.baseline
-        and "zero_shot" in config.baselines
-        and problem_for(config.problem).zero_shot_unsupported is None
-        or config.head_init == "verbalizer"
-    ):
-        prompt_setup(config, dataset.id2label)  # refuse a bad prompt before anything is written
-    if config.baseline and "encoder" in config.baselines and distributed.is_main():
-        for spec in encoder_specs(config, runtime):  # a bad encoder_model is refused before anything is written
-            check_encoder(spec, log)
+    scorer = scorer_for(problem_for(config.problem))
+    _check_rungs(config, dataset, runtime, rungs_of(config, scorer.name), log)
     config = _prompt_as_input(config, dataset)
-    model_dir = resolve_model_dir(config.model, log)
-    check_max_length(model_dir, config.max_length)
-    torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
-    loaded = load_classifier(
-        model_dir,
-        dataset.id2label,
-        log=log,
-        quantization=config.quantization,
-        head_init="random" if config.head_init == "random" else "zero",
-        problem=config.problem,
-        **head_options(config),
-    )
-    if config.head_init == "verbalizer":
-        _verbalizer_head(loaded, config, dataset, log)
-    model, lora = apply_lora(loaded.model, LoraSpec.of(config), log)
-    encoded = _encode_splits(loaded.tokenizer, dataset, config, log)
-    weights = class_weight_vector(config, dataset)  # unknown label names are refused before anything is written
-    if weights is not None:
-        log("loss: class weights " + ", ".join(f"{dataset.id2label[i]}={w:.3g}" for i, w in enumerate(weights)))
-    if config.quantization == "none":
-        model.to(runtime.device)
-    if config.data_parallel == "fsdp" and distributed.world_size() > 1:
-        units = distributed.shard_model(model)
-        log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
-    attention = apply_speedups(model, runtime, config.quantization != "none", distributed.is_sharded(model))
-    check_finite_forward(model, encoded["train"].ids[:4], loaded.tokenizer.pad_token_id, runtime)
+    setup = Setup(config, dataset, resolve_model_dir(config.model, log), runtime, log)
+    built = scorer.build(setup, _head_words(config, dataset))
+    sharded = config.data_parallel == "fsdp" and distributed.world_size() > 1
+    attention = apply_speedups(built.model, runtime, config.quantization != "none", sharded)
+    check_finite_forward(built.model, built.probe, built.tokenizer.pad_token_id, runtime)
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
-    resumed = resume_dir is not None
-    return Job(config, runtime, dataset, model_dir, loaded, lora, model, run, resumed, log, encoded, attention)
+    return Job(setup, scorer, built, run, resume_dir is not None, attention)
+
+
+def _check_rungs(config: Config, dataset: Dataset, runtime: Runtime, rungs: list[str], log) -> None:
+    """A bad prompt, verbalizer or encoder is refused before anything is written."""
+    check_verbalizers(config, dataset.id2label)
+    if "zero_shot_prompt" in rungs and problem_for(config.problem).zero_shot_unsupported is None:
+        prompt_setup(config, dataset.id2label)
+    if "encoder" in rungs and distributed.is_main():
+        for spec in encoder_specs(config, runtime):
+            check_encoder(spec, log)
+
+
+def _head_words(config: Config, dataset: Dataset) -> list[str] | None:
+    """head_init: verbalizer: the label words whose LM head rows start the head."""
+    return prompt_setup(config, dataset.id2label)[1] if config.head_init == "verbalizer" else None
 
 
 def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
@@ -194,42 +168,6 @@ def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
     template, words = prompt_setup(config, dataset.id2label)
     choices = ", ".join(words).replace("{", "{{").replace("}", "}}")  # the words are text, not fields
     return from_dict({"input_template": template.replace("{choices}", choices)}, base=config)
-
-
-def _verbalizer_head(loaded: LoadedModel, config: Config, dataset: Dataset, log) -> None:
-    _, words = prompt_setup(config, dataset.id2label)
-    ids = [loaded.tokenizer(" " + word, add_special_tokens=False)["input_ids"] for word in words]
-    init_head_from_verbalizers(loaded.model, loaded.model_dir, [token[0] for token in ids])
-    several = [w for w, token in zip(words, ids) if len(token) > 1]
-    log(
-        f"head: initialised from the LM head rows of the verbalizers {', '.join(words)}"
-        + (f" (first token only for {', '.join(several)})" if several else "")
-    )
-
-
-def _encode_splits(tokenizer, dataset: Dataset, config: Config, log) -> dict[str, Encoded]:
-    """Every split's token ids under the long_text policy, encoded once for the whole job (with chunks every
-    window of a long training text is an example with the text's label, or only its first window with
-    `chunk_training: first`; an evaluated text is the mean of its windows' logits); how many texts are
-    longer than max_length (and what `long_text` does with them) is said, never silent."""
-    check_texts_have_tokens(tokenizer, {name: getattr(dataset, name).texts for name in ("train", "validation", "test")})
-    encoded, encoder = {}, TextEncoder.for_config(config, tokenizer)
-    first_only = config.long_text == "chunks" and config.chunk_training == "first"
-    train_encoder = TextEncoder.for_config(config, tokenizer, "truncate") if first_only else encoder
-    done = {"truncate": "truncated", "head_tail": "cut to their head and tail", "chunks": "split into windows"}
-    for name in ("train", "validation", "test"):
-        texts = getattr(dataset, name).texts
-        encoded[name] = (train_encoder if name == "train" else encoder).encode(texts)
-        count = sum(encoded[name].long)
-        if count:
-            note = (
-                f"data: {count} of {len(texts)} {name} texts ({100 * count / len(texts):.1f}%) are "
-                f"longer than max_length {config.max_length} tokens and are {done[config.long_text]} "
-                f"(long_text: {config.long_text})"
-            )
-            dataset.notes.append(note)
-            log(note)
-    return encoded
 
 
 def new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib.ExitStack) -> Path:
@@ -245,39 +183,38 @@ def new_run(config: Config, runtime: Runtime, dataset: Dataset, held: contextlib
 
 
 def _baselines(job: Job) -> Ladder | None:
-    """The baseline ladder on the test split, before training (rank 0; a resumed run reads what it wrote)."""
+    """The baseline ladder on the test split, before training (rank 0; a resumed run reads what it wrote);
+    the head LoRA rung is a run of its own, on every process."""
+    rungs = rungs_of(job.config, job.scorer.name)
+    if not rungs:
+        return None
     ladder = None
-    if job.config.baseline and distributed.is_main():
-        ladder = run_ladder(job.config, job.dataset, job.runtime, job.model_dir, job.loaded.tokenizer, job.run, job.log)
+    if distributed.is_main():
+        own = (job.scorer, job.built)
+        ladder = run_ladder(job.setup, job.built.tokenizer, job.run, rungs, own)
     distributed.barrier()
+    if "head_lora" in rungs:
+        ladder = ladder or Ladder()
+        ladder.head = head_baseline(job.config, job.run, job.log)
     return ladder
 
 
+def _place(job: Job) -> None:
+    """FSDP: the weights sharded over the processes (after the untrained rung, which reads the whole model)."""
+    if job.config.data_parallel == "fsdp" and distributed.world_size() > 1:
+        units = distributed.shard_model(job.built.model)
+        job.log(f"fsdp: weights sharded over {distributed.world_size()} processes in {units} units")
+
+
 def _fit(job: Job) -> TrainResult:
-    config, dataset, pad_id = job.config, job.dataset, job.loaded.tokenizer.pad_token_id
-    train, weights = job.encoded["train"], class_weight_vector(config, dataset)
-    train_set = TrainSet(
-        ids=train.ids,
-        labels=[dataset.train.labels[i] for i in train.owner],
-        num_labels=len(dataset.id2label),
-        pad_id=pad_id,
-        problem=dataset.kind,
-        class_weight=None if weights is None else torch.tensor(weights, device=job.runtime.device),
-    )
-    validate = functools.partial(
-        evaluate,
-        encoded=job.encoded["validation"],
-        split=dataset.validation,
-        id2label=dataset.id2label,
-        decision=Decision(config.problem),  # thresholds are tuned after training: 0.5 until then
-        pad_id=pad_id,
-        batch_size=config.eval_batch_size,
-        runtime=job.runtime,
-    )
-    trainer = Trainer(job.model, train_set, validate, config, job.runtime, job.run, RunLogger(job.run, job.log))
+    config, built = job.config, job.built
+    train_set = job.scorer.train_set(job.setup, built)
+    validate = job.scorer.validate(job.setup, built)
+    trainer = Trainer(built.model, train_set, validate, config, job.setup.runtime, job.run, RunLogger(job.run, job.log))
     if job.resumed:
         trainer.load_checkpoint()
-    job.log(describe(trainer.plan, len(dataset.train), config, job.attention, trainer.opt.scaler.is_enabled()))
+    examples = len(job.setup.dataset.train)
+    job.log(describe(trainer.plan, examples, config, job.attention, trainer.opt.scaler.is_enabled()))
     result = trainer.fit()
     job.log(
         f"train: {result.steps} steps in {result.seconds:.0f}s, {result.tokens_per_second:.0f} train tokens/s"
@@ -293,19 +230,22 @@ def _fit(job: Job) -> TrainResult:
     return result
 
 
-def _best_logits(job: Job, encoded: dict[str, Encoded]) -> tuple[dict[str, np.ndarray] | None, float | None]:
-    """The best checkpoint's logits per text on the validation and test splits (windows averaged), and the
-    texts per second of the test split's pass (the verdict's inference cost)."""
-    if not (distributed.is_sharded(job.model) or distributed.is_main()):  # a sharded forward needs every process
+def _best_logits(job: Job) -> tuple[dict[str, np.ndarray] | None, float | None]:
+    """The best checkpoint's label scores per text on the validation and test splits, and the texts per
+    second of the test split's pass (the verdict's inference cost). After FSDP the first process reads the
+    base model and the saved best adapter and goes on alone."""
+    if distributed.is_sharded(job.built.model):
+        if not distributed.is_main():
+            return None, None
+        model, _ = job.scorer.load(job.config, job.setup.model_dir, job.setup.dataset.id2label, job.run / runs.ADAPTER)
+        job.built.model = model.to(job.setup.runtime.device).eval()
+        apply_speedups(job.built.model, job.setup.runtime, False, False)
+    elif not distributed.is_main():
         return None, None
     logits, seconds = {}, 0.0
-    for name, split in encoded.items():
+    for name in ("validation", "test"):
         started = time.perf_counter()
-        logits[name] = split.per_text(
-            predict_logits(
-                job.model, split.ids, job.loaded.tokenizer.pad_token_id, job.config.eval_batch_size, job.runtime
-            )
-        )
+        logits[name] = job.scorer.logits(job.setup, job.built, name)
         seconds = time.perf_counter() - started if name == "test" else seconds
     return logits, len(logits["test"]) / max(seconds, 1e-9)
 
@@ -313,13 +253,12 @@ def _best_logits(job: Job, encoded: dict[str, Encoded]) -> tuple[dict[str, np.nd
 def _decide(job: Job, logits: dict[str, np.ndarray]) -> tuple[Decision, CalibrationRecord | None]:
     """How logits become labels, fitted on validation and saved beside the adapter for predict and serve:
     its problem type's decision (a temperature, judged on test; or one threshold per label)."""
-    validation, test = job.dataset.validation, job.dataset.test
-    decision, record = job.dataset.kind.fit_decision(
-        logits["validation"], validation.labels, logits["test"], test.labels
-    )
+    dataset = job.setup.dataset
+    validation, test = dataset.validation, dataset.test
+    decision, record = dataset.kind.fit_decision(logits["validation"], validation.labels, logits["test"], test.labels)
     runs.InputFormat.of_run(job.config, decision).write(job.run / runs.ADAPTER / runs.CALIBRATION)
     if record is None:
-        job.log(f"decision: {job.dataset.kind.describe(decision, job.dataset.id2label)}")
+        job.log(f"decision: {dataset.kind.describe(decision, dataset.id2label)}")
     elif record.note:
         job.log(f"calibration: {record.note}")
     else:
@@ -331,42 +270,102 @@ def _decide(job: Job, logits: dict[str, np.ndarray]) -> tuple[Decision, Calibrat
     return decision, record
 
 
-def _write_test(job: Job, probs: np.ndarray, decision: Decision) -> ClassificationMetrics | MultiLabelMetrics:
-    test = job.dataset.test
-    scored = evaluation(test.texts, test.labels, probs, job.dataset.id2label, decision)
-    files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl", [row.to_json() for row in scored.rows])
+def _test(job: Job, probs: np.ndarray, decision: Decision) -> tuple:
+    """The test split's metrics and prediction rows (with the scorer's extra fields: comments), written."""
+    test = job.setup.dataset.test
+    scored = evaluation(test.texts, test.labels, probs, job.setup.dataset.id2label, decision)
+    rows = [row.to_json() for row in scored.rows]
+    extras = job.scorer.extras(job.setup, job.built, decision.chosen(probs))
+    comments = None
+    if extras is not None:
+        fields, comments = extras
+        rows = [{**row, **extra} for row, extra in zip(rows, fields)]
+    files.write_jsonl(job.run / runs.PREDICTIONS / "test.jsonl", rows)
     job.log("test:\n" + scored.metrics.text())
-    return scored.metrics
+    return scored.metrics, comments
+
+
+def _with_rungs(comments: CommentMetrics | None, ladder: Ladder | None) -> CommentMetrics | None:
+    """label_and_comment's rungs, beside its comment metrics (as its records have always carried them)."""
+    if comments is None or ladder is None:
+        return comments
+    if ladder.untrained is not None:
+        comments.zero_shot_accuracy, comments.zero_shot_rouge_l = ladder.untrained.accuracy, ladder.untrained.rouge_l
+    if ladder.head is not None:
+        comments.head_accuracy, comments.head_macro_f1 = ladder.head.test.accuracy, ladder.head.test.macro_f1
+        comments.head_train_seconds = ladder.head.train.seconds
+    return comments
 
 
 def _model_summary(job: Job) -> ModelSummary:
+    built = job.built
     return ModelSummary(
         source=job.config.model,
-        directory=str(job.model_dir),
-        hidden_size=job.loaded.hidden_size,
-        parameters=job.loaded.parameters,
-        trainable_parameters=job.lora.trainable,
-        lora_modules=len(job.lora.matched),
+        directory=str(job.setup.model_dir),
+        hidden_size=built.hidden_size,
+        parameters=built.parameters,
+        trainable_parameters=built.lora.trainable,
+        lora_modules=len(built.lora.matched),
     )
-
-
-def _export(job: Job, test_ids: list[list[int]]):
-    if not job.config.merge:
-        return None
-    return export_merged(job.run, job.model_dir, job.dataset.id2label, test_ids, job.config, job.runtime, job.log)
 
 
 def _say_done(job: Job, metrics: Metrics) -> None:
     if metrics.verdict is not None and len(metrics.verdict.rows) > 1:
         say_verdict(metrics.verdict, job.log)
+    comments = metrics.comments
     job.log(
-        f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}; "
-        f"metrics in {job.run / runs.METRICS}"
+        f"done in {metrics.wall_seconds:.0f}s: test accuracy {metrics.test.accuracy:.4f}"
+        + (
+            f", comments ROUGE-L {comments.rouge_l:.4f}, chrF {comments.chrf:.1f}, consistency "
+            f"{comments.consistency:.3f}"
+            if comments is not None
+            else ""
+        )
+        + f"; metrics in {job.run / runs.METRICS}"
     )
+
+
+def _cleanup(joined_before: bool) -> None:
+    """The end of every job, however it ends (the ExitStack has released the locks first): the outermost job
+    leaves the process group it joined (not the head-LoRA rung's run inside another job, which found the
+    group joined)."""
+    if not joined_before:
+        distributed.leave()
 
 
 def _quiet(*_args, **_kwargs) -> None:
     pass
+
+
+# --- the head LoRA rung (label_and_comment) -----------------------------------------------------------
+
+
+def head_baseline(config: Config, run: Path, log) -> Metrics:
+    """The classification-head LoRA on the same data, split (same seed) and settings, trained as its own run in
+    RUN/head_baseline: what writing the comment costs or buys in label accuracy. A resumed job reads the
+    finished one, resumes it from its checkpoint, or starts it again when it was killed before one."""
+    folder = run / runs.HEAD_BASELINE
+
+    def prefixed(message: str) -> None:
+        log(f"head baseline: {message}")
+
+    finished, resumable = distributed.broadcast_object(
+        ((folder / runs.METRICS).exists(), (folder / runs.CHECKPOINT).exists())
+    )  # every process decides as the first one sees the folder
+    if not finished:
+        with torch.random.fork_rng():  # the comment model trains the same with or without this baseline
+            if resumable:
+                train(None, prefixed, resume=str(folder))
+            else:
+                if distributed.is_main():
+                    shutil.rmtree(folder, ignore_errors=True)
+                distributed.barrier()
+                settings = {"problem": "single_label", "comment_column": None, "baseline": False, "merge": False}
+                train(dataclasses.replace(config, **settings, output_dir=str(run), run_name=folder.name), prefixed)
+    distributed.barrier()  # the first process has written its metrics
+    head = runs.read_metrics(folder)
+    log(f"baseline (the classification-head LoRA, same split): test accuracy {head.test.accuracy:.4f}")
+    return head
 
 
 # --- the baselines alone ---------------------------------------------------------------------------
@@ -381,11 +380,12 @@ def baseline(config: Config, log=print) -> dict:
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
     model_dir = tokenizer = None
-    if "zero_shot" in config.baselines and zero_shot_skip_reason(config, dataset.id2label) is None:
+    rungs = rungs_of(config, "head")  # the rungs that need no run of their own
+    if "zero_shot_prompt" in rungs and zero_shot_skip_reason(config, dataset.id2label) is None:
         prompt_setup(config, dataset.id2label)
         model_dir = resolve_model_dir(config.model, log)
         tokenizer = load_tokenizer(model_dir, log)
-    ladder = run_ladder(config, dataset, runtime, model_dir, tokenizer, None, log)
+    ladder = run_ladder(Setup(config, dataset, model_dir, runtime, log), tokenizer, None, rungs)
     out = runs.to_dict(ladder.zero_shot) if ladder.zero_shot is not None else {}
     if ladder.tfidf is not None:
         out["tfidf"] = runs.to_dict(ladder.tfidf)

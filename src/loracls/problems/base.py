@@ -82,7 +82,7 @@ class Problem(ABC):
     score_names: ClassVar[tuple[str, ...]]  # the scores a verdict table shows, in words
     label_heading: ClassVar[str]  # the per-label table's first column
     zero_shot_unsupported: ClassVar[str | None] = None  # why a one-word prompt cannot answer it (None: it can)
-    generative: ClassVar[bool] = False  # trains the causal LM itself (its own job), not a classification head
+    scorer: ClassVar[str] = "head"  # model/scorers.py: "head" (a classification head) or "label_words" (the causal LM)
 
     # --- export ---------------------------------------------------------------------------------------
 

@@ -69,7 +69,7 @@ class LabelAndComment(SingleLabel):
     name = "label_and_comment"
     hf_problem_type = "single_label_classification"  # not a classifier: the merged model is the causal LM
     zero_shot_unsupported = None
-    generative = True
+    scorer = "label_words"
 
     def check_config(self, config) -> None:
         super().check_config(config)

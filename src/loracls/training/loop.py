@@ -25,10 +25,10 @@ import torch
 
 from loracls import runs
 from loracls.config import Config
-from loracls.data.batching import collate, sorted_batches
+from loracls.data.batching import TrainSet, collate, sorted_batches
 from loracls.errors import LoraclsError
 from loracls.hardware import memory_mb, peak_flops, release_free_memory
-from loracls.problems import Evaluation, Problem
+from loracls.problems import Evaluation
 from loracls.training import checkpoint, distributed
 from loracls.training.logger import RunLogger
 from loracls.training.mfu import mfu, train_flops_per_token
@@ -37,19 +37,6 @@ from loracls.training.stopping import EarlyStopping
 
 # an extension epoch restarts at this share of the peak learning rate (the planned cosine has reached zero)
 EXTENSION_RESTART = 0.25
-
-
-@dataclass
-class TrainSet:
-    """The training split as the loop sees it: token ids (one row per example, or per window of a long text)
-    with their labels, and what the loss needs."""
-
-    ids: list[list[int]]
-    labels: list
-    num_labels: int
-    pad_id: int
-    problem: Problem
-    class_weight: torch.Tensor | None = None
 
 
 @dataclass
