@@ -13,7 +13,7 @@ from loracls import files, runs
 from loracls.data.batching import TextEncoder
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
-from loracls.inference.plain_check import plain_transformers_check, write_model_card
+from loracls.inference.plain_check import plain_transformers_probabilities, write_model_card
 from loracls.model.classifier import is_generic, load_standalone, write_generic_module
 from loracls.model.lora import head_name
 from loracls.model.scorers import Built, Scorer, Setup, comments, label_logprobs, scorer_for
@@ -89,7 +89,8 @@ def export_merged(setup: Setup, scorer: Scorer, built: Built | None, run: Path) 
         standalone = load_standalone(staging).to(runtime.device)
         result = compare_predictions(adapter_probs, exported.probabilities(logits(standalone)), dtype, decision)
         refuse_unfaithful(result, run / runs.MERGED, "test examples")
-        plain = plain_transformers_check(staging, fmt, ids, adapter_probs, dtype)
+        plain_probs = plain_transformers_probabilities(staging, ids)
+        plain = compare_predictions(adapter_probs[: len(plain_probs)], plain_probs, dtype, fmt.decision)
         refuse_unfaithful(plain, run / runs.MERGED, "test texts read by plain transformers in a fresh process")
         return result
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from loracls import files
 from loracls.errors import LoraclsError, first_line
-from loracls.runs import ExportCheck, InputFormat
+from loracls.runs import InputFormat
 
 PLAIN_TEXTS = 200  # the first test texts read back in the fresh process (one forward each)
 
@@ -59,16 +59,10 @@ def plain_probabilities(directory: Path, ids: list[list[int]]) -> np.ndarray:
         return np.asarray(json.loads(output.read_text()), dtype=np.float32)
 
 
-def plain_transformers_check(
-    directory: Path, fmt: InputFormat, ids: list[list[int]], adapter_probs: np.ndarray, dtype: str
-) -> ExportCheck:
-    """The first PLAIN_TEXTS test texts through plain transformers in a fresh process against the adapter's
-    calibrated probabilities (the same comparison as the in-process check)."""
-    from loracls.inference.export import compare_predictions
-
-    count = min(PLAIN_TEXTS, len(ids))
-    plain = plain_probabilities(directory, ids[:count])
-    return compare_predictions(adapter_probs[:count], plain, dtype, fmt.decision)
+def plain_transformers_probabilities(directory: Path, ids: list[list[int]]) -> np.ndarray:
+    """The first PLAIN_TEXTS test texts' probabilities through plain transformers in a fresh process (the
+    export compares them with the adapter's, as its in-process check does)."""
+    return plain_probabilities(directory, ids[:PLAIN_TEXTS])
 
 
 def write_model_card(directory: Path, config, fmt: InputFormat) -> None:
