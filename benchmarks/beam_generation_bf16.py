@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.data.splits import load_dataset
 from loracls.hardware import Runtime
 from loracls.model.generation import comments_after_labels

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from loracls import runs
-from loracls.config import Config, from_dict
+from loracls.config import Config
+from loracls.config_reader import from_dict
 from loracls.errors import LoraclsError
 from loracls.hardware import cpu_model_name
 
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from loracls import files
-    from loracls.config import load_config
+    from loracls.config_reader import load_config
 
     parser = argparse.ArgumentParser(prog="benchmarks/bench.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", nargs="?")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from loracls.config import Config, from_dict
+from loracls.config import Config
+from loracls.config_reader import from_dict
 from loracls.hardware import peak_flops
 from loracls.training.mfu import mfu, train_flops_per_token
 

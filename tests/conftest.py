@@ -192,7 +192,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     what it returns); `lora` is (r, alpha, dropout, targets); `head(model)` runs before LoRA is applied."""
     import functools
 
-    from loracls.config import from_dict
+    from loracls.config_reader import from_dict
     from loracls.data.batching import TextEncoder, TrainSet
     from loracls.data.splits import class_weight_vector, load_dataset
     from loracls.hardware import setup_runtime

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from conftest import make_tokenizer, synthetic_frame
 from loracls.baselines.zero_shot import calibrate, prompt_setup
 from loracls.cli import main
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
 from loracls.model.label_scoring import LabelScorer as ZeroShotScorer

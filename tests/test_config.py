@@ -1,6 +1,7 @@
 import pytest
 
-from loracls.config import Config, load_config, parse_overrides
+from loracls.config import Config
+from loracls.config_reader import load_config, parse_overrides
 from loracls.errors import LoraclsError
 
 
@@ -123,7 +124,7 @@ def test_numbers_out_of_range_are_refused(pair, message):
 
 
 def test_every_numeric_field_has_a_range_and_every_field_help():
-    from loracls.config import _TYPES, FIELDS, _base_type
+    from loracls.config_reader import _TYPES, FIELDS, _base_type
 
     for name in FIELDS:
         info = Config.__pydantic_fields__[name]
@@ -136,7 +137,7 @@ def test_help_config_and_the_docs_reference_are_the_fields_help(capsys):
     from pathlib import Path
 
     from loracls.cli import main
-    from loracls.config import config_help
+    from loracls.config_reader import config_help
 
     assert main(["train", "--help-config"]) == 0
     printed = capsys.readouterr().out
@@ -161,7 +162,7 @@ def test_config_file_that_is_not_utf8(tmp_path):
 
 
 def test_min_steps_repeat_small_data_and_warmup_stays_a_quarter_of_the_run():
-    from loracls.config import from_dict
+    from loracls.config_reader import from_dict
     from loracls.training.plan import plan_steps, warmup_steps
 
     config = from_dict({"train_size": 64, "min_steps": None})

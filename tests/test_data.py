@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import synthetic_frame
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.data.batching import collate, length_grouped_batches
 from loracls.data.splits import load_dataset
 from loracls.data.tables import read_table

@@ -8,7 +8,7 @@ import torch
 from loracls import hardware
 from loracls.cli import main
 from loracls.compat import FAIL, OK, WARN, check_arch, gfx_version, hsa_override_for
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.diagnostics import doctor
 from loracls.diagnostics.doctor import check_matmul
 from loracls.errors import LoraclsError

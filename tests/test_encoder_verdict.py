@@ -10,7 +10,7 @@ from conftest import synthetic_frame, tiny_overrides
 from loracls.baselines.encoder import run_encoder
 from loracls.baselines.zero_shot import code_labels
 from loracls.cli import main
-from loracls.config import from_dict, load_config
+from loracls.config_reader import from_dict, load_config
 from loracls.data.splits import load_dataset
 from loracls.hardware import Runtime
 from loracls.verdict import LadderRow, decide, format_table

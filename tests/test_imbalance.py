@@ -8,7 +8,7 @@ import torch
 
 from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls.cli import main
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.data.splits import class_weight_vector, load_dataset
 from loracls.errors import LoraclsError
 from loracls.training.stopping import EarlyStopping

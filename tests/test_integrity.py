@@ -16,7 +16,7 @@ import torch
 from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls import files
 from loracls.cli import main
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 from loracls.training.stopping import EarlyStopping

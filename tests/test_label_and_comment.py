@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import make_tokenizer, synthetic_frame
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 from loracls.files import read_jsonl

@@ -11,7 +11,7 @@ from sklearn.metrics import f1_score
 
 from conftest import NEGATIVE, NEUTRAL, POSITIVE, tiny_overrides
 from loracls.cli import main
-from loracls.config import load_config
+from loracls.config_reader import load_config
 from loracls.data.splits import class_weight_vector, load_dataset
 from loracls.errors import LoraclsError
 from loracls.problems import PROBLEMS, Decision, multi_hot, tune_thresholds

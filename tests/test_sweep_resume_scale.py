@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from conftest import tiny_overrides
 from loracls.cli import main
-from loracls.config import split_alternatives
+from loracls.config_reader import split_alternatives
 from loracls.diagnostics.sweep import parse_grid
 from loracls.errors import LoraclsError
 

@@ -31,7 +31,7 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args) -> None:
-    from loracls.config import config_help, load_config
+    from loracls.config_reader import config_help, load_config
     from loracls.jobs.train import train
 
     if args.help_config:
@@ -179,7 +179,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_baseline(args) -> None:
-    from loracls.config import load_config
+    from loracls.config_reader import load_config
     from loracls.files import json_line
     from loracls.jobs.train import baseline
 
@@ -187,7 +187,7 @@ def cmd_baseline(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    from loracls.config import load_config
+    from loracls.config_reader import load_config
     from loracls.diagnostics.sweep import parse_grid, run_sweep
     from loracls.jobs.train import train
 
@@ -196,7 +196,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_tune(args) -> None:
-    from loracls.config import load_config
+    from loracls.config_reader import load_config
     from loracls.jobs.train import train
     from loracls.jobs.tune import parse_space, run_tune
 

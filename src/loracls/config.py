@@ -6,21 +6,15 @@ Unknown keys are refused with the nearest known name; values are checked against
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import string
-import types
-import typing
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from loracls import files
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import LoraclsError
 
 EMBEDDED_MODEL = "embedded:gemma3-270m"
 EMBEDDED_DATA = "embedded:rotten_tomatoes"
@@ -245,30 +239,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def config_help() -> str:
-    """Every key with its type, default and help: `loracls train --help-config` and docs/config-reference.md."""
-    rows = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
-    for name, info in Config.__pydantic_fields__.items():
-        default = info.default_factory() if info.default_factory is not None else info.default
-        kind = _type_words(_TYPES[name])
-        limits = _allowed(name).removesuffix(" or null")
-        limits = f" ({limits})" if limits[0] in "<>" else ""
-        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-        described = info.description.replace("|", "\\|")
-        rows.append(f"| `{name}` | {kind}{limits} | `{shown}` | {described} |")
-    return "\n".join(rows) + "\n"
-
-
-def _type_words(hint) -> str:
-    base = _base_type(hint)
-    if typing.get_origin(base) is Literal:
-        return " \\| ".join(map(str, typing.get_args(base)))
-    optional = type(None) in typing.get_args(hint)
-    arms = [a for a in typing.get_args(base) if a is not type(None)] if isinstance(base, types.UnionType) else [base]
-    words = [f"list of {_name(typing.get_args(a)[0])}" if typing.get_origin(a) is list else _name(a) for a in arms]
-    return " or ".join(words) + (" or null" if optional else "")
-
-
 def check_template(name: str, template: str | None, allowed: tuple[str, ...]) -> None:
     """A template is parsed as Python's str.format reads it: it must hold {text}, and no other field than
     `allowed` (no positional `{}`, no conversion or format spec); literal braces are written {{ and }}."""
@@ -304,165 +274,3 @@ def check_run_name(name: str) -> str:
             f"surrounding spaces): it is made inside output_dir"
         )
     return name
-
-
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_TYPES = typing.get_type_hints(Config)
-
-
-def _nearest(key: str) -> str:
-    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _base_type(hint):
-    """`int | None` -> int; other hints unchanged."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if type(None) in typing.get_args(hint) and len(args) == 1 else hint
-
-
-def _coerce(key: str, value):
-    """Check `value` against the declared type of `key`; ints are accepted where floats are."""
-    hint = _TYPES[key]
-    if value is None:
-        if type(None) in typing.get_args(hint):
-            return None
-        raise LoraclsError(f"config: {key} cannot be null")
-    base = _base_type(hint)
-    return _coerce_to(key, str if typing.get_origin(base) is Literal else base, value)  # the choice: pydantic's
-
-
-def _coerce_to(key: str, hint, value):
-    arms = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(hint, types.UnionType) else []
-    for arm in arms:  # `str | dict[str, float]`: the first arm the value fits
-        try:
-            return _coerce_to(key, arm, value)
-        except LoraclsError:
-            continue
-    if arms:
-        raise LoraclsError(f"config: {key} must be {' or '.join(_name(a) for a in arms)}, got {value!r}")
-    origin = typing.get_origin(hint)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise LoraclsError(f"config: {key} must be a mapping like {{name: value}}, got {value!r}")
-        item = typing.get_args(hint)[1]
-        return {str(k): _coerce_to(f"{key}.{k}", item, v) for k, v in value.items()}
-    if origin is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
-            raise LoraclsError(f"config: {key} must be a list of names, got {value!r}")
-        return [str(v) for v in value]
-    return _scalar(key, hint, value)
-
-
-def _scalar(key: str, base, value):
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-    elif base is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif base is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif base is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    raise LoraclsError(f"config: {key} must be {_name(base)}, got {value!r}")
-
-
-def _name(hint) -> str:
-    return (
-        getattr(hint, "__name__", None)
-        if typing.get_origin(hint) is None
-        else {dict: "a mapping", list: "a list"}.get(typing.get_origin(hint), str(hint))
-    )
-
-
-def parse_value(key: str, raw: str):
-    """One command-line value: YAML scalars (`8`, `2e-4`, `null`, `[a, b]`); text keys keep their text."""
-    if key in _TYPES and _base_type(_TYPES[key]) is str:  # `Review: {text}` is no mapping
-        return None if raw.strip() in ("null", "~") else raw
-    try:
-        return yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        return raw
-
-
-def split_alternatives(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts, depth, current = [], 0, ""
-    for char in text:
-        if char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    parts.append(current)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_overrides(pairs: list[str]) -> dict:
-    """`key=value` strings -> dict of parsed values."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise LoraclsError(f"--set expects key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
-        out[key.strip()] = parse_value(key.strip(), raw)
-    return out
-
-
-def from_dict(values: dict, base: Config | None = None) -> Config:
-    merged = dataclasses.asdict(base) if base is not None else {}
-    for key, value in values.items():
-        if key not in FIELDS:
-            raise LoraclsError(f"config: unknown key {key!r}{_nearest(key)}")
-        merged[key] = _coerce(key, value)
-    try:
-        config = Config(**merged)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        key = str(problem["loc"][0]) if problem["loc"] else "config"
-        raise LoraclsError(f"config: {key} must be {_allowed(key)}, got {problem['input']!r}") from None
-    return config.validate()
-
-
-def _allowed(key: str) -> str:
-    """What a field accepts, in words, from its declaration: `> 0.0 and <= 10.0`, `one of a, b`, `or null`."""
-    info, hint = Config.__pydantic_fields__[key], _base_type(_TYPES[key])
-    if typing.get_origin(hint) is Literal:
-        words = "one of " + ", ".join(map(str, typing.get_args(hint)))
-    else:
-        names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-        bounds = [f"{names[n]} {getattr(m, n)}" for m in info.metadata for n in names if hasattr(m, n)]
-        words = " and ".join(bounds) if bounds else "a finite number"
-    return words + (" or null" if type(None) in typing.get_args(_TYPES[key]) else "")
-
-
-def read_mapping(path: Path, what: str) -> dict:
-    """A YAML file that holds a mapping of key: value (a config file, a run's config.yaml); read as UTF-8,
-    anything else is one line."""
-    text = files.read_text(Path(path), what)
-    try:
-        loaded = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise LoraclsError(f"{what} {path} is not valid YAML: {first_line(exc)}") from None
-    if not isinstance(loaded, dict):
-        raise LoraclsError(f"{what} {path} must hold a mapping of key: value")
-    return loaded
-
-
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    config = from_dict(read_mapping(Path(path), "config file") if path is not None else {})
-    return from_dict(parse_overrides(overrides or []), base=config)

@@ -17,7 +17,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from loracls import files
 from loracls.calibration import CalibrationRecord
-from loracls.config import check_run_name, from_dict, read_mapping
+from loracls.config import check_run_name
+from loracls.config_reader import from_dict, read_mapping
 from loracls.errors import LoraclsError
 from loracls.hardware import Environment
 from loracls.metrics import ClassificationMetrics

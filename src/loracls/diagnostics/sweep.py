@@ -18,7 +18,8 @@ from dataclasses import asdict, astuple, dataclass, fields
 from pathlib import Path
 
 from loracls import files, runs
-from loracls.config import FIELDS, Config, from_dict, parse_value, split_alternatives
+from loracls.config import Config
+from loracls.config_reader import FIELDS, from_dict, parse_value, split_alternatives
 from loracls.errors import LoraclsError
 
 

@@ -189,7 +189,7 @@ def refuse_unfaithful(check: ExportCheck, where: Path, what: str) -> None:
 def remerge(run_path: str, dtype: str, log=print) -> ExportCheck:
     """`loracls export RUN --format merged --dtype D`: write run/merged again with weights in D, checked like
     the train job's export; metrics.json's export record is updated."""
-    from loracls.config import from_dict
+    from loracls.config_reader import from_dict
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.source import resolve_model_dir

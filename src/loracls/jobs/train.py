@@ -20,7 +20,8 @@ from loracls import files, runs
 from loracls.baselines.encoder import check_encoder, encoder_specs
 from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
 from loracls.calibration import CalibrationRecord
-from loracls.config import Config, from_dict
+from loracls.config import Config
+from loracls.config_reader import from_dict
 from loracls.data.splits import Dataset, format_counts, load_dataset
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_run

@@ -26,7 +26,8 @@ from pathlib import Path
 import yaml
 
 from loracls import files, runs
-from loracls.config import FIELDS, Config, from_dict, parse_value, split_alternatives
+from loracls.config import Config
+from loracls.config_reader import FIELDS, from_dict, parse_value, split_alternatives
 from loracls.errors import LoraclsError
 from loracls.model.lora import DEFAULT_TARGETS
 
