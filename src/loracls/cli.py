@@ -97,7 +97,7 @@ def _predict_with_ray(args) -> None:
 
 def cmd_serve(args) -> None:
     from loracls.inference.loaded import engine_for
-    from loracls.inference.server import serve
+    from loracls.inference.server import ServeLimits, serve
 
     if len(args.run) > 1:  # several runs on one base: the base loaded once, each run's LoRA unmerged
         from loracls.inference.adapters import AdapterSet
@@ -107,17 +107,10 @@ def cmd_serve(args) -> None:
         classifier = AdapterSet(args.run, log, args.max_batch_size, args.device, args.precision)
     else:  # a run directory or a merged model directory; label_and_comment: labels scored, comments written
         classifier = engine_for(args.run[0], _engine_options(args, args.max_batch_size), log)
-    serve(
-        classifier,
-        args.host,
-        args.port,
-        args.max_batch_size,
-        args.max_wait_ms,
-        args.max_queue,
-        args.max_body_bytes,
-        log,
-        args.max_client_batch_size,
+    limits = ServeLimits(
+        args.max_batch_size, args.max_wait_ms, args.max_queue, args.max_body_bytes, args.max_client_batch_size
     )
+    serve(classifier, args.host, args.port, limits, log)
 
 
 def cmd_export(args) -> None:

@@ -17,15 +17,17 @@ error is TEI's `{"error", "error_type"}` and the server keeps serving; the statu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 from loracls.inference.http import BodyLimit, ServerMetrics, error, listening_socket
 from loracls.inference.protocol import (
     ERRORS,
+    ClassifyItem,
     ClassifyRequest,
     ClassifyResponse,
     Generated,
@@ -49,6 +52,7 @@ from loracls.inference.protocol import (
     ModelCard,
     ModelList,
     PredictRequest,
+    Usage,
 )
 
 # A gathered batch mixes lengths; cutting it where padding would pass this many tokens per forward pass was
@@ -63,6 +67,14 @@ class _TooManyTexts(Exception):
 
 class _UnknownModel(Exception):
     """A request naming a model this server does not serve (HTTP 404)."""
+
+
+class _InputTooLong(Exception):
+    """/predict with `truncate: false` and a text longer than max_length (HTTP 413, as TEI)."""
+
+
+class _NotAGenerator(Exception):
+    """/generate asked of a classifier run (HTTP 404: no such generator served)."""
 
 
 class Served:
@@ -103,9 +115,9 @@ def create_app(
         await batcher.stop()  # after the server stopped accepting: what is in flight is answered
 
     app = FastAPI(title="loracls", lifespan=lifespan)
-    app.state.batcher, app.state.metrics = batcher, metrics
+    app.state.served, app.state.batcher, app.state.metrics = served, batcher, metrics
     app.state.max_client_batch_size = max_client_batch_size
-    _routes(app, served, batcher, metrics)
+    app.include_router(router)
     _error_handlers(app)
 
     @app.middleware("http")
@@ -136,144 +148,155 @@ async def _logits(batcher: Batcher, classifier, encoded, metrics) -> np.ndarray:
     return logits
 
 
-def _usage(classifier, encoded) -> dict:
+def _usage(classifier, encoded) -> Usage:
     long = sum(encoded.long)
-    return {
-        "prompt_tokens": encoded.tokens,
-        "total_tokens": encoded.tokens,
-        "completion_tokens": 0,
-        "prompt_tokens_details": None,
-        "max_length": classifier.max_length,
-        "long_text": classifier.long_text,
-        "long_inputs": long,
-        "truncated_inputs": 0 if classifier.long_text == "chunks" else long,
-    }
+    return Usage(
+        prompt_tokens=encoded.tokens,
+        total_tokens=encoded.tokens,
+        max_length=classifier.max_length,
+        long_text=classifier.long_text,
+        long_inputs=long,
+        truncated_inputs=0 if classifier.long_text == "chunks" else long,
+    )
 
 
-def _classified(classifier, index: int, probs: np.ndarray) -> dict:
+def _classified(classifier, index: int, probs: np.ndarray) -> ClassifyItem:
     """One /classify item: vLLM's fields (`label` the most probable label), plus for multi_label `labels`,
     every label at or above its threshold (maybe none)."""
-    item = {
-        "index": index,
-        "label": classifier.labels[int(probs.argmax())],
-        "probs": [float(p) for p in probs],
-        "num_classes": len(classifier.labels),
-    }
-    return item | classifier.decision.kind.served_fields(probs, classifier.decision, classifier.id2label)
+    extra = classifier.decision.kind.served_fields(probs, classifier.decision, classifier.id2label)
+    label = classifier.labels[int(probs.argmax())]
+    return ClassifyItem(index=index, label=label, probs=[float(p) for p in probs], num_classes=len(probs), **extra)
 
 
-def _texts(app: FastAPI, value: str | list[str]) -> list[str]:
-    texts = [value] if isinstance(value, str) else value
-    if len(texts) > app.state.max_client_batch_size:
-        raise _TooManyTexts(f"batch size {len(texts)} > maximum allowed batch size {app.state.max_client_batch_size}")
-    return texts
+class _Serving:
+    """What every handler reads from the app: the served runs, the batcher, the metrics, the request limit."""
+
+    def __init__(self, request: Request):
+        state = request.app.state
+        self.served, self.batcher, self.metrics = state.served, state.batcher, state.metrics
+        self.max_client_batch_size = state.max_client_batch_size
+
+    def texts(self, value: str | list[str]) -> list[str]:
+        texts = [value] if isinstance(value, str) else value
+        if len(texts) > self.max_client_batch_size:
+            raise _TooManyTexts(f"batch size {len(texts)} > maximum allowed batch size {self.max_client_batch_size}")
+        return texts
+
+    async def probabilities(self, classifier, encoded) -> np.ndarray:
+        return classifier.calibrated(await _logits(self.batcher, classifier, encoded, self.metrics))
 
 
-def _routes(app: FastAPI, served: Served, batcher: Batcher, metrics) -> None:
-    @app.post(
-        "/classify", response_model=ClassifyResponse, response_model_exclude_none=True, responses=ERRORS["classify"]
+async def _comments(classifier, texts: list[str], chosen) -> list[str]:
+    """label_and_comment: each text's comment, generated after its chosen label (off the event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
+
+
+router = APIRouter()
+MODEL_QUERY = Query(None, description="the run to ask (`GET /v1/models`); none: the first served")
+MODEL_HEADER = Header(None, description="the same as the `model` query, for clients that set headers")
+
+
+@router.post("/classify", response_model_exclude_none=True, responses=ERRORS["classify"])
+async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
+    serving = _Serving(request)
+    classifier = serving.served.pick(body.model)
+    texts = serving.texts(body.input)
+    encoded = classifier.encode(texts)
+    probs = await serving.probabilities(classifier, encoded)
+    items = [_classified(classifier, i, row) for i, row in enumerate(probs)]
+    if classifier.writes_comments:  # label_and_comment: generated after the label
+        for item, comment in zip(items, await _comments(classifier, texts, classifier.decision.chosen(probs))):
+            item.comment = comment
+    return ClassifyResponse(
+        id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=classifier.name, data=items,
+        usage=_usage(classifier, encoded),
+    )  # fmt: skip
+
+
+@router.post("/predict", response_model=list[LabelScore] | list[list[LabelScore]], responses=ERRORS["predict"])
+async def predict(
+    body: PredictRequest, request: Request, model: str | None = MODEL_QUERY, x_model: str | None = MODEL_HEADER
+):
+    serving = _Serving(request)
+    classifier = serving.served.pick(model or x_model)
+    encoded = classifier.encode(serving.texts(body.inputs))
+    if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
+        raise _InputTooLong(
+            f"input {encoded.long.index(True)} is longer than max_length {classifier.max_length} tokens and "
+            f"truncate is false"
+        )
+    logits = await _logits(serving.batcher, classifier, encoded, serving.metrics)
+    scores, labels = (logits if body.raw_scores else classifier.calibrated(logits)), classifier.labels
+    rows = [
+        sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
+        for row in np.asarray(scores)
+    ]
+    truncated = _usage(classifier, encoded).truncated_inputs
+    single = isinstance(body.inputs, str)
+    return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(truncated)})
+
+
+@router.post("/generate", responses=ERRORS["generate"])
+async def generate(
+    body: GenerateRequest, request: Request, model: str | None = MODEL_QUERY, x_model: str | None = MODEL_HEADER
+) -> list[Generated]:
+    """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it;
+    the run picked like every other route's (body `model`, `model` query or `X-Model` header)."""
+    serving = _Serving(request)
+    classifier = serving.served.pick(body.model or model or x_model)
+    if not classifier.writes_comments:
+        raise _NotAGenerator(f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs")
+    texts, labels = serving.texts(body.inputs), classifier.labels
+    probs = await serving.probabilities(classifier, classifier.encode(texts))
+    chosen = classifier.decision.chosen(probs)
+    comments = await _comments(classifier, texts, chosen)
+    return [
+        Generated(label=labels[int(k)], probabilities=dict(zip(labels, map(float, row))), comment=comment)
+        for k, row, comment in zip(chosen, probs, comments)
+    ]
+
+
+@router.get("/health")
+async def health() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> ModelList:
+    """The served runs, as vLLM and OpenAI list models."""
+    runs = _Serving(request).served.runs
+    return ModelList(data=[ModelCard(id=name, root=run.source) for name, run in runs.items()])
+
+
+@router.get("/info", responses=ERRORS["info"])
+async def info(
+    request: Request, model: str | None = Query(None, description="the run to describe; none: the first served")
+) -> InfoResponse:
+    serving = _Serving(request)
+    classifier, batcher = serving.served.pick(model), serving.batcher
+    return InfoResponse(
+        model=classifier.name,
+        models=list(serving.served.runs),
+        source=classifier.source,
+        labels=classifier.labels,
+        max_length=classifier.max_length,
+        input_template=classifier.input_template,
+        problem=classifier.decision.problem,
+        temperature=classifier.temperature,
+        thresholds=classifier.decision.thresholds,
+        long_text=classifier.long_text,
+        precision=classifier.precision,
+        device=str(classifier.runtime.device),
+        max_batch_size=batcher.max_batch_size,
+        max_client_batch_size=serving.max_client_batch_size,
+        max_wait_ms=batcher.max_wait * 1000,
+        max_queue=batcher.max_queue,
     )
-    async def classify(body: ClassifyRequest):
-        classifier = served.pick(body.model)
-        texts = _texts(app, body.input)
-        encoded = classifier.encode(texts)
-        probs = classifier.calibrated(await _logits(batcher, classifier, encoded, metrics))
-        items = [_classified(classifier, i, row) for i, row in enumerate(probs)]
-        if classifier.writes_comments:  # label_and_comment: generated after the label
-            chosen = classifier.decision.chosen(probs)
-            comments = await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
-            items = [item | {"comment": comment} for item, comment in zip(items, comments)]
-        return {
-            "id": f"classify-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": classifier.name,
-            "data": items,
-            "usage": _usage(classifier, encoded),
-        }
 
-    @app.post("/predict", response_model=list[LabelScore] | list[list[LabelScore]], responses=ERRORS["predict"])
-    async def predict(
-        body: PredictRequest,
-        model: str | None = Query(None, description="the run to ask (`GET /v1/models`); none: the first served"),
-        x_model: str | None = Header(None, description="the same as the `model` query, for clients that set headers"),
-    ):
-        classifier = served.pick(model or x_model)
-        single = isinstance(body.inputs, str)
-        encoded = classifier.encode(_texts(app, body.inputs))
-        if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
-            return error(
-                413,
-                "Validation",
-                f"input {encoded.long.index(True)} is longer than max_length "
-                f"{classifier.max_length} tokens and truncate is false",
-            )
-        logits = await _logits(batcher, classifier, encoded, metrics)
-        scores = logits if body.raw_scores else classifier.calibrated(logits)
-        labels = classifier.labels
-        rows = [
-            sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
-            for row in np.asarray(scores)
-        ]
-        usage = _usage(classifier, encoded)
-        return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(usage["truncated_inputs"])})
 
-    @app.post("/generate", response_model=list[Generated], responses=ERRORS["generate"])
-    async def generate(
-        body: GenerateRequest,
-        model: str | None = Query(None, description="the run to ask (`GET /v1/models`); none: the first served"),
-        x_model: str | None = Header(None, description="the same as the `model` query, for clients that set headers"),
-    ):
-        """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it;
-        the run picked like every other route's (body `model`, `model` query or `X-Model` header)."""
-        classifier = served.pick(body.model or model or x_model)
-        if not classifier.writes_comments:
-            return error(
-                404, "NotFound", f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs"
-            )
-        texts, labels = _texts(app, body.inputs), classifier.labels
-        probs = classifier.calibrated(await _logits(batcher, classifier, classifier.encode(texts), metrics))
-        chosen = classifier.decision.chosen(probs)
-        comments = await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
-        return [
-            {"label": labels[int(k)], "probabilities": dict(zip(labels, map(float, row))), "comment": comment}
-            for k, row, comment in zip(chosen, probs, comments)
-        ]
-
-    @app.get("/health", response_model=HealthResponse)
-    async def health():
-        return {"status": "ok"}
-
-    @app.get("/v1/models", response_model=ModelList)
-    async def models():
-        """The served runs, as vLLM and OpenAI list models."""
-        return {"object": "list", "data": [ModelCard(id=name, root=run.source) for name, run in served.runs.items()]}
-
-    @app.get("/info", response_model=InfoResponse, responses=ERRORS["info"])
-    async def info(model: str | None = Query(None, description="the run to describe; none: the first served")):
-        classifier = served.pick(model)
-        return {
-            "model": classifier.name,
-            "models": list(served.runs),
-            "source": classifier.source,
-            "labels": classifier.labels,
-            "max_length": classifier.max_length,
-            "input_template": classifier.input_template,
-            "problem": classifier.decision.problem,
-            "temperature": classifier.temperature,
-            "thresholds": classifier.decision.thresholds,
-            "long_text": classifier.long_text,
-            "precision": classifier.precision,
-            "device": str(classifier.runtime.device),
-            "max_batch_size": batcher.max_batch_size,
-            "max_client_batch_size": app.state.max_client_batch_size,
-            "max_wait_ms": batcher.max_wait * 1000,
-            "max_queue": batcher.max_queue,
-        }
-
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-    async def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def prometheus(request: Request):
+    return Response(generate_latest(_Serving(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 _HTTP_KINDS = {404: "NotFound", 405: "MethodNotAllowed", 413: "Validation"}
@@ -302,6 +325,8 @@ def _error_handlers(app: FastAPI) -> None:
 # every error of ours that a request can cause -> (HTTP status, TEI's error_type); one place, TEI's pattern
 ERROR_STATUS: dict[type, tuple[int, str]] = {
     _TooManyTexts: (413, "Validation"),
+    _InputTooLong: (413, "Validation"),
+    _NotAGenerator: (404, "NotFound"),
     TooLarge: (413, "Validation"),
     _UnknownModel: (404, "NotFound"),
     Overloaded: (429, "Overloaded"),
@@ -315,31 +340,32 @@ async def _mapped_error(request: Request, exc: Exception):
     return error(status, kind, message, headers=_RETRY_LATER.get(type(exc)))
 
 
-def serve(
-    classifier,
-    host: str,
-    port: int,
-    max_batch_size: int,
-    max_wait_ms: float,
-    max_queue: int,
-    max_body_bytes: int,
-    log=print,
-    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE,
-) -> None:
+@dataclass(frozen=True)
+class ServeLimits:
+    """`loracls serve`'s batching and request limits (create_app's keyword arguments)."""
+
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    max_queue: int = 4096
+    max_body_bytes: int = 4 * 2**20
+    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
+
+
+def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(), log=print) -> None:
     """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
     import signal
 
     import uvicorn
 
-    app = create_app(classifier, max_batch_size, max_wait_ms, max_queue, max_body_bytes, max_client_batch_size)
+    app = create_app(classifier, **dataclasses.asdict(limits))
     sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
     bound = sock.getsockname()[1]
     runs = Served(classifier).runs
     first = next(iter(runs.values()))
     log(
         f"serve: {'; '.join(f'{name} ({chr(44).join(run.labels)})' for name, run in runs.items())} on "
-        f"{first.runtime.device}, {first.precision}; listening on http://{host}:{bound} (max batch {max_batch_size}, "
-        f"max wait {max_wait_ms:g} ms)"
+        f"{first.runtime.device}, {first.precision}; listening on http://{host}:{bound} (max batch "
+        f"{limits.max_batch_size}, max wait {limits.max_wait_ms:g} ms)"
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handlers it
