@@ -13,6 +13,7 @@ from loracls.cli import main
 
 HOSTILE = Path(__file__).parent / "hostile"
 TRAIN_REFUSALS = yaml.safe_load((HOSTILE / "train_refusals.yaml").read_text())
+CONFIG_FILES = yaml.safe_load((HOSTILE / "config_files.yaml").read_text())
 
 
 def _as_set(key, value) -> list[str]:
@@ -36,3 +37,20 @@ def test_train_refusals_write_nothing(case, tmp_path, gemma3_dir, data_csv, caps
     assert refusals == [err[-1]], err
     assert re.search(case["message"], err[-1]), err[-1]
     assert not out.exists(), sorted(p.name for p in out.rglob("*"))
+
+
+@pytest.mark.parametrize("case", CONFIG_FILES, ids=lambda case: case["name"])
+def test_hostile_config_files_are_one_short_line(case, tmp_path, capsys):
+    """The alias bomb, duplicate keys, merge keys, a huge value, an oversized file: refused before anything is
+    built, in one line of under 300 characters that does not grow with the input."""
+    config = tmp_path / case["name"]
+    content = case["content"]
+    if "pad_to_bytes" in case:
+        content += "#" * (case["pad_to_bytes"] - len(content.encode()) - 1) + "\n"
+    config.write_text(content)
+    out = tmp_path / "runs"
+    assert main(["train", str(config), "--set", f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("loracls: ") and len(err[0]) < 300, err
+    assert re.search(case["message"], err[0]), err[0]
+    assert not out.exists()

@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import LoraclsError, capped, first_line
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -418,13 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
-        print(f"loracls: {exc}", file=sys.stderr)
+        print(capped(f"loracls: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         _quiet_libraries()
         code = args.func(args)
     except LoraclsError as exc:
-        print(f"loracls: {exc}", file=sys.stderr)
+        print(capped(f"loracls: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("loracls: interrupted", file=sys.stderr)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from loracls import files
 from loracls.config import Config
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import LoraclsError, first_line, shown
 
 __all__ = [
     "FIELDS",
@@ -63,18 +63,18 @@ def _coerce_to(key: str, hint, value):
         except LoraclsError:
             continue
     if arms:
-        raise LoraclsError(f"config: {key} must be {' or '.join(_name(a) for a in arms)}, got {value!r}")
+        raise LoraclsError(f"config: {key} must be {' or '.join(_name(a) for a in arms)}, got {shown(value)}")
     origin = typing.get_origin(hint)
     if origin is dict:
         if not isinstance(value, dict):
-            raise LoraclsError(f"config: {key} must be a mapping like {{name: value}}, got {value!r}")
+            raise LoraclsError(f"config: {key} must be a mapping like {{name: value}}, got {shown(value)}")
         item = typing.get_args(hint)[1]
         return {str(k): _coerce_to(f"{key}.{k}", item, v) for k, v in value.items()}
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
-            raise LoraclsError(f"config: {key} must be a list of names, got {value!r}")
+            raise LoraclsError(f"config: {key} must be a list of names, got {shown(value)}")
         return [str(v) for v in value]
     return _scalar(key, hint, value)
 
@@ -97,7 +97,7 @@ def _scalar(key: str, base, value):
     elif base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-    raise LoraclsError(f"config: {key} must be {_name(base)}, got {value!r}")
+    raise LoraclsError(f"config: {key} must be {_name(base)}, got {shown(value)}")
 
 
 def _name(hint) -> str:
@@ -112,10 +112,14 @@ def parse_value(key: str, raw: str):
     """One command-line value: YAML scalars (`8`, `2e-4`, `null`, `[a, b]`); text keys keep their text."""
     if key in _TYPES and _base_type(_TYPES[key]) is str:  # `Review: {text}` is no mapping
         return None if raw.strip() in ("null", "~") else raw
+    if not raw.strip():
+        return ""
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        return raw
+        return read_yaml(raw, f"--set {key}")
+    except LoraclsError as exc:
+        if "not valid YAML" in str(exc):
+            return raw  # a plain text value
+        raise
 
 
 def split_alternatives(text: str) -> list[str]:
@@ -140,7 +144,7 @@ def parse_overrides(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise LoraclsError(f"--set expects key=value, got {pair!r}")
+            raise LoraclsError(f"--set expects key=value, got {shown(pair)}")
         key, raw = pair.split("=", 1)
         out[key.strip()] = parse_value(key.strip(), raw)
     return out
@@ -150,14 +154,14 @@ def from_dict(values: dict, base: Config | None = None) -> Config:
     merged = dataclasses.asdict(base) if base is not None else {}
     for key, value in values.items():
         if key not in FIELDS:
-            raise LoraclsError(f"config: unknown key {key!r}{_nearest(key)}")
+            raise LoraclsError(f"config: unknown key {shown(key)}{_nearest(key)}")
         merged[key] = _coerce(key, value)
     try:
         config = Config(**merged)
     except ValidationError as exc:
         problem = exc.errors()[0]
         key = str(problem["loc"][0]) if problem["loc"] else "config"
-        raise LoraclsError(f"config: {key} must be {_allowed(key)}, got {problem['input']!r}") from None
+        raise LoraclsError(f"config: {key} must be {_allowed(key)}, got {shown(problem['input'])}") from None
     return config.validate()
 
 
@@ -173,14 +177,57 @@ def _allowed(key: str) -> str:
     return words + (" or null" if type(None) in typing.get_args(_TYPES[key]) else "")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; past a MiB it is not a config
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader less what a config never needs: an anchor or alias (`&name`, `*name`: nine nested
+    aliases expand 341 bytes into 387 million items) and the merge key `<<` are refused where they appear,
+    before anything is expanded; a key given twice in one mapping is refused with both lines."""
+
+    where = "config"
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise LoraclsError(
+                f"{self.where}, line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name) are "
+                f"not read in a config; write the value out"
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise LoraclsError(f"{self.where}, line {line}: the YAML merge key << is not read in a config")
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise LoraclsError(
+                    f"{self.where}: key {shown(key)} is given twice (lines {seen[key]} and {line}); keep one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(text: str, where: str):
+    """A YAML document as a config reads it (`_ConfigLoader`); anything malformed is one line."""
+    loader = type("Loader", (_ConfigLoader,), {"where": where})
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise LoraclsError(f"{where} is not valid YAML: {first_line(exc)}") from None
+
+
 def read_mapping(path: Path, what: str) -> dict:
     """A YAML file that holds a mapping of key: value (a config file, a run's config.yaml); read as UTF-8,
-    anything else is one line."""
-    text = files.read_text(Path(path), what)
-    try:
-        loaded = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise LoraclsError(f"{what} {path} is not valid YAML: {first_line(exc)}") from None
+    at most MAX_CONFIG_BYTES, by `read_yaml`; anything else is one line."""
+    path = Path(path)
+    size = path.stat().st_size if path.is_file() else 0
+    if size > MAX_CONFIG_BYTES:
+        raise LoraclsError(f"{what} {path} is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}")
+    loaded = read_yaml(files.read_text(path, what), f"{what} {path}") or {}
     if not isinstance(loaded, dict):
         raise LoraclsError(f"{what} {path} must hold a mapping of key: value")
     return loaded

@@ -1,4 +1,7 @@
-"""The one error type a user sees: a single line, no traceback, non-zero exit."""
+"""The one error type a user sees: a single line, no traceback, non-zero exit; and how a message echoes a
+value (`shown`) and how long it may be (`capped`)."""
+
+import reprlib
 
 
 class LoraclsError(Exception):
@@ -9,3 +12,35 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first non-empty line of an exception's message (its type name when it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+SHOWN_CHARACTERS = 200  # the most of one value a message echoes
+MESSAGE_CHARACTERS = 1000  # the most of any message the CLI prints (the error formatter's cap)
+
+
+_BOUNDED = reprlib.Repr()  # Python 3.11 takes no keyword arguments here
+_BOUNDED.maxlevel, _BOUNDED.maxtuple, _BOUNDED.maxlist, _BOUNDED.maxdict, _BOUNDED.maxset = 3, 6, 6, 6, 6
+_BOUNDED.maxstring, _BOUNDED.maxother, _BOUNDED.maxlong = 120, 80, 60
+_KINDS = {str: "a text", bytes: "bytes", list: "a list", tuple: "a tuple", dict: "a mapping", set: "a set"}
+
+
+def shown(value) -> str:
+    """A value as a message echoes it, built without ever writing the whole value out (reprlib): its repr when
+    short, else its type and size and how it starts ("a list of 387,420,489 items: [[[...], ...], ...]"), at
+    most about SHOWN_CHARACTERS characters, so that no message grows with the input."""
+    text = _BOUNDED.repr(value)
+    kind = _KINDS.get(type(value))
+    if kind is not None and ("..." in text or len(text) > SHOWN_CHARACTERS):
+        unit = "characters" if isinstance(value, (str, bytes)) else "items"
+        return f"{kind} of {len(value):,} {unit}: {text[:SHOWN_CHARACTERS]}"
+    return text[:SHOWN_CHARACTERS]
+
+
+def capped(message: str) -> str:
+    """One line of at most MESSAGE_CHARACTERS characters (the error formatter: whatever a message echoes)."""
+    line = " ".join(message.split("\n"))
+    return (
+        line
+        if len(line) <= MESSAGE_CHARACTERS
+        else line[: MESSAGE_CHARACTERS - 40] + f" ... ({len(line):,} characters)"
+    )
