@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loracls.errors import LoraclsError
+from loracls.errors import LoraclsError, shown
 from loracls.metrics import MultiLabelMetrics, multilabel_metrics
 from loracls.problems.base import Decision, Problem, register
 
@@ -87,6 +87,33 @@ def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str
     return tuple(sorted(set(names)))
 
 
+def _cell_format(value) -> str | None:
+    """"list" (a list, or text that starts like a JSON list), "bare" (other text or a value), None (empty)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "list"
+    text = str(value).strip()
+    return None if not text else "list" if text.startswith("[") else "bare"
+
+
+def _check_one_format(cells, source: str) -> None:
+    """A file's label cells are all lists or all text: a bare `5` among `["a"]` cells would be a label of its
+    own that no other text carries (a mistake in the file, not a label set)."""
+    first: dict[str, int] = {}
+    for row, value in enumerate(cells):
+        kind = _cell_format(value)
+        if kind is not None and kind not in first:
+            first[kind] = row
+            if len(first) == 2:
+                break
+    if len(first) == 2:
+        shown_list, shown_bare = (shown(cells.iloc[first[k]]) for k in ("list", "bare"))
+        raise LoraclsError(
+            f"{source}: label cells mix lists (first at row {first['list']}: {shown_list}) and bare values "
+            f"(first at row {first['bare']}: {shown_bare}); write every cell one way: a list of labels, or text "
+            f"split by label_separator"
+        )
+
+
 @register
 class MultiLabel(Problem):
     name = "multi_label"
@@ -116,6 +143,7 @@ class MultiLabel(Problem):
         """An empty cell (CSV reads it as missing) is the empty set."""
         cells = labels.where(~missing, "")
         sets = [_label_set(value, config.label_separator, source, row) for row, value in enumerate(cells)]
+        _check_one_format(cells, source)
         if empty := sum(1 for names in sets if not names):
             notes.append(f"{source}: {empty} text(s) carry no label (kept: an empty set is a valid answer)")
         return sets
