@@ -134,6 +134,22 @@ def test_classify_and_predict_shapes():
     assert one.json()[0]["score"] == 0.0 and predict.headers["X-Truncated-Inputs"] == "0"
 
 
+def test_top_k_keeps_the_k_most_probable_labels():
+    fake = FakeClassifier()
+    classify, predict, plain = ask(
+        fake,
+        [
+            ("POST", "/classify", {"input": ["good film"], "top_k": 1}),
+            ("POST", "/predict", {"inputs": ["good film", "bad"], "top_k": 1}),
+            ("POST", "/classify", {"input": ["good film"]}),
+        ],
+    )
+    item = classify.json()["data"][0]
+    assert [row["label"] for row in item["top"]] == ["pos"] and item["top"][0]["score"] == max(item["probs"])
+    assert [[row["label"] for row in rows] for rows in predict.json()] == [["pos"], ["neg"]]
+    assert "top" not in plain.json()["data"][0]
+
+
 @pytest.mark.parametrize(
     "method, path, body, status, kind",
     [

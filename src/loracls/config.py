@@ -191,7 +191,9 @@ class Config:
             self.encoder_learning_rate if isinstance(self.encoder_learning_rate, list) else [self.encoder_learning_rate]
         )
         if not rates or not all(0 < rate <= 10 for rate in rates):
-            raise LoraclsError(f"config: encoder_learning_rate {shown(self.encoder_learning_rate)} must be > 0 and <= 10")
+            raise LoraclsError(
+                f"config: encoder_learning_rate {shown(self.encoder_learning_rate)} must be > 0 and <= 10"
+            )
         if isinstance(self.encoder_model, list) and not self.encoder_model:
             raise LoraclsError("config: encoder_model is an empty list")
         if self.target_modules is not None and not self.target_modules:
@@ -220,11 +222,15 @@ class Config:
     def _check_class_weights(self) -> None:
         weights = self.class_weights
         if isinstance(weights, str) and weights not in ("none", "balanced"):
-            raise LoraclsError(f"config: class_weights must be none, balanced or {{label: weight}}, got {shown(weights)}")
+            raise LoraclsError(
+                f"config: class_weights must be none, balanced or {{label: weight}}, got {shown(weights)}"
+            )
         if isinstance(weights, dict):
             bad = {k: v for k, v in weights.items() if not (math.isfinite(v) and v > 0)}
             if bad or not weights:
-                raise LoraclsError(f"config: class_weights must map labels to finite weights > 0, got {shown(bad or weights)}")
+                raise LoraclsError(
+                    f"config: class_weights must map labels to finite weights > 0, got {shown(bad or weights)}"
+                )
 
     def _check_problem(self) -> None:
         """What only one problem type allows is refused by that type (`Problem.check_config`, when data loads)."""

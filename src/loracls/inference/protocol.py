@@ -61,6 +61,9 @@ class ClassifyRequest(BaseModel):
         None, description="the run to ask, by name (`GET /v1/models`); none: the first served; another name is a 404"
     )
     input: TextOrTexts = Field(description="one text or a list of texts")
+    top_k: int | None = Field(
+        None, ge=1, description="each item also lists its k most probable labels (`top`); below 1 is a 422"
+    )
 
     _texts = field_validator("input")(classmethod(lambda cls, value: check_texts(value)))
 
@@ -75,6 +78,7 @@ class PredictRequest(BaseModel):
         description="false: a text over max_length is a 413; unset or true: "
         "truncated as in training (TEI's default is false)",
     )
+    top_k: int | None = Field(None, ge=1, description="only the k most probable labels; below 1 is a 422")
 
     _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
 
@@ -96,6 +100,11 @@ class Generated(BaseModel):
     comment: str = Field(description="the comment generated after the label (greedy, at most max_comment_tokens)")
 
 
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
 class ClassifyItem(BaseModel):
     index: int
     label: str = Field(description="the most probable label")
@@ -103,6 +112,7 @@ class ClassifyItem(BaseModel):
     num_classes: int
     labels: list[str] | None = Field(None, description="multi_label only: every label at or above its threshold")
     comment: str | None = Field(None, description="label_and_comment only: the comment written after the label")
+    top: list[LabelScore] | None = Field(None, description="with `top_k`: the k most probable labels, best first")
 
 
 class Usage(BaseModel):
@@ -123,11 +133,6 @@ class ClassifyResponse(BaseModel):
     model: str
     data: list[ClassifyItem]
     usage: Usage
-
-
-class LabelScore(BaseModel):
-    label: str
-    score: float
 
 
 class ErrorResponse(BaseModel):

@@ -160,12 +160,19 @@ def _usage(classifier, encoded) -> Usage:
     )
 
 
-def _classified(classifier, index: int, probs: np.ndarray) -> ClassifyItem:
+def _classified(classifier, index: int, probs: np.ndarray, top_k: int | None) -> ClassifyItem:
     """One /classify item: vLLM's fields (`label` the most probable label), plus for multi_label `labels`,
-    every label at or above its threshold (maybe none)."""
+    every label at or above its threshold (maybe none), and with `top_k` the k most probable labels."""
     extra = classifier.decision.kind.served_fields(probs, classifier.decision, classifier.id2label)
     label = classifier.labels[int(probs.argmax())]
-    return ClassifyItem(index=index, label=label, probs=[float(p) for p in probs], num_classes=len(probs), **extra)
+    top = _ranked(classifier.labels, probs)[:top_k] if top_k is not None else None
+    return ClassifyItem(
+        index=index, label=label, probs=[float(p) for p in probs], num_classes=len(probs), top=top, **extra
+    )
+
+
+def _ranked(labels: list[str], scores) -> list[LabelScore]:
+    return sorted((LabelScore(label=labels[k], score=float(s)) for k, s in enumerate(scores)), key=lambda r: -r.score)
 
 
 class _Serving:
@@ -203,7 +210,7 @@ async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
     texts = serving.texts(body.input)
     encoded = classifier.encode(texts)
     probs = await serving.probabilities(classifier, encoded)
-    items = [_classified(classifier, i, row) for i, row in enumerate(probs)]
+    items = [_classified(classifier, i, row, body.top_k) for i, row in enumerate(probs)]
     if classifier.writes_comments:  # label_and_comment: generated after the label
         for item, comment in zip(items, await _comments(classifier, texts, classifier.decision.chosen(probs))):
             item.comment = comment
@@ -227,10 +234,7 @@ async def predict(
         )
     logits = await _logits(serving.batcher, classifier, encoded, serving.metrics)
     scores, labels = (logits if body.raw_scores else classifier.calibrated(logits)), classifier.labels
-    rows = [
-        sorted(({"label": labels[k], "score": float(s)} for k, s in enumerate(row)), key=lambda r: -r["score"])
-        for row in np.asarray(scores)
-    ]
+    rows = [[item.model_dump() for item in _ranked(labels, row)[: body.top_k]] for row in np.asarray(scores)]
     truncated = _usage(classifier, encoded).truncated_inputs
     single = isinstance(body.inputs, str)
     return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(truncated)})

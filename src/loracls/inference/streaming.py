@@ -119,6 +119,8 @@ def predict_file(
     output, source = output_for(out), TextColumn(file, text_column)
     progress = _resumed(output, source, run, chunk_rows) if resume else _fresh(output, source, run, chunk_rows)
     score = make_score()
+    with files.writing(output.lock_path, "the output's folder"):  # missing folders are made, as plain --out does
+        output.lock_path.parent.mkdir(parents=True, exist_ok=True)
     with files.exclusive(output.lock_path, wait=False, what=f"the output {out}"):
         try:
             if not resume:

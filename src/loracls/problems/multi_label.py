@@ -88,7 +88,7 @@ def _label_set(value, separator: str | None, source: str, row: int) -> tuple[str
 
 
 def _cell_format(value) -> str | None:
-    """"list" (a list, or text that starts like a JSON list), "bare" (other text or a value), None (empty)."""
+    """ "list" (a list, or text that starts like a JSON list), "bare" (other text or a value), None (empty)."""
     if isinstance(value, (list, tuple, np.ndarray)):
         return "list"
     text = str(value).strip()
