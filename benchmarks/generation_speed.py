@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from loracls.config_reader import load_config
 from loracls.data.splits import load_dataset
 from loracls.hardware import setup_runtime
-from loracls.model.generation import generate
+from loracls.model.generation import Decoding, generate
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.source import resolve_model_dir
 from loracls.model.tokenizer import load_tokenizer
@@ -32,9 +32,9 @@ def main(texts: int = 32, max_new_tokens: int = 32, batch: int = 16) -> dict:
     split = load_dataset(config).test
     scorer = LabelScorer(model, tokenizer, DEFAULT_TEMPLATE, ["fresh", "rotten"], config.max_length, batch, runtime)
     prompts = scorer.answer_prompts(split.texts[:texts], [0] * texts, [])
-    generate(model, tokenizer, prompts[:batch], 2, batch, runtime)  # warm-up
+    generate(model, tokenizer, prompts[:batch], Decoding(2, batch, runtime))  # warm-up
     started = time.perf_counter()
-    out = generate(model, tokenizer, prompts, max_new_tokens, batch, runtime)
+    out = generate(model, tokenizer, prompts, Decoding(max_new_tokens, batch, runtime))
     seconds = time.perf_counter() - started
     return {
         "texts": texts,

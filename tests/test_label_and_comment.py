@@ -13,7 +13,7 @@ from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 from loracls.files import read_jsonl
 from loracls.hardware import Runtime
-from loracls.model.generation import comments_after_labels, generate
+from loracls.model.generation import Decoding, comments_after_labels, generate
 from loracls.model.label_scoring import LabelScorer
 from loracls.problems import IGNORE_INDEX, PROBLEMS, training_sequence
 
@@ -107,16 +107,20 @@ def _generated_with_eos_at(model, eos: int, call: int, run):
 def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
     tokenizer = make_tokenizer()
     prompts = [tokenizer("the film was")["input_ids"], tokenizer("a long dull plot and the actor")["input_ids"]]
-    bounded = generate(causal_lm, tokenizer, prompts, 3, 2, CPU)
+    bounded = generate(causal_lm, tokenizer, prompts, Decoding(3, 2, CPU))
     assert all(n <= 3 for n in bounded.tokens) and len(bounded.texts) == 2
-    alone = [generate(causal_lm, tokenizer, [p], 3, 1, CPU).texts[0] for p in prompts]
+    alone = [generate(causal_lm, tokenizer, [p], Decoding(3, 1, CPU)).texts[0] for p in prompts]
     assert bounded.texts == alone  # batched and left-padded = one at a time
     eos = tokenizer.eos_token_id
     # EOS made the most likely next token from the first forward pass on: generation ends at once
-    stopped = _generated_with_eos_at(causal_lm, eos, 1, lambda: generate(causal_lm, tokenizer, prompts, 5, 2, CPU))
+    stopped = _generated_with_eos_at(
+        causal_lm, eos, 1, lambda: generate(causal_lm, tokenizer, prompts, Decoding(5, 2, CPU))
+    )
     assert stopped.tokens == [0, 0] and stopped.texts == ["", ""]
     # from the third pass on: two tokens, then EOS; the comment is those two, EOS dropped
-    two = _generated_with_eos_at(causal_lm, eos, 3, lambda: generate(causal_lm, tokenizer, prompts, 5, 2, CPU))
+    two = _generated_with_eos_at(
+        causal_lm, eos, 3, lambda: generate(causal_lm, tokenizer, prompts, Decoding(5, 2, CPU))
+    )
     assert two.tokens == [2, 2] and all(len(text.split()) == 2 for text in two.texts)
 
 
@@ -126,9 +130,9 @@ def test_candidates_keep_the_first_beam_that_reads_back_as_the_chosen_label(caus
     texts = ["the film was", "a long dull plot", "the actor", "good fun", "bad jokes and", "the story", "it was"]
     texts, chosen = [*texts, "plot and actor"], [1, 0] * 4
     prompts = scorer.answer_prompts(texts, chosen, tokenizer("\n", add_special_tokens=False)["input_ids"])
-    beams = generate(causal_lm, tokenizer, prompts, 4, 6, CPU, beams=3)
+    beams = generate(causal_lm, tokenizer, prompts, Decoding(4, 6, CPU, beams=3))
     assert len(beams.texts) == 24 and all(n <= 4 for n in beams.tokens)
-    kept = comments_after_labels(causal_lm, tokenizer, scorer, texts, chosen, 4, 6, CPU, candidates=3)
+    kept = comments_after_labels(causal_lm, tokenizer, scorer, texts, chosen, Decoding(4, 6, CPU, beams=3))
     first, agrees = [], []
     for i, label in enumerate(chosen):
         candidates = beams.texts[3 * i : 3 * i + 3]
@@ -137,8 +141,8 @@ def test_candidates_keep_the_first_beam_that_reads_back_as_the_chosen_label(caus
         first.append(read[0] == label)
         agrees.append(label in read)
     assert sum(agrees) > sum(first)  # these texts exercise the rule: a later beam was kept at least once
-    greedy = comments_after_labels(causal_lm, tokenizer, scorer, texts, chosen, 4, 6, CPU)
-    assert greedy.texts == generate(causal_lm, tokenizer, prompts, 4, 6, CPU).texts  # one candidate: greedy
+    greedy = comments_after_labels(causal_lm, tokenizer, scorer, texts, chosen, Decoding(4, 6, CPU))
+    assert greedy.texts == generate(causal_lm, tokenizer, prompts, Decoding(4, 6, CPU)).texts  # one candidate: greedy
 
 
 # --- data -----------------------------------------------------------------------------------------------

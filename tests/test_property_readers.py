@@ -19,9 +19,7 @@ from loracls.errors import LoraclsError
 BUDGET = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MESSAGE_LIMIT = 1000  # characters: the CLI's cap (errors.MESSAGE_CHARACTERS)
 
-yaml_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=30)
-)
+yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=30))
 yaml_values = st.recursive(
     yaml_scalars,
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
@@ -86,4 +84,4 @@ def test_any_rows_as_a_table_are_data_or_one_line(suffix, rows):
         _refusal_or_value(read_table, str(path))
         for problem in ("single_label", "multi_label"):  # then as data: columns, labels, splits
             sizes = {"train_size": 2, "validation_size": 1, "test_size": 1, "problem": problem}
-            _refusal_or_value(lambda: load_dataset(from_dict({"data": str(path), **sizes})))
+            _refusal_or_value(lambda values: load_dataset(from_dict(values)), {"data": str(path), **sizes})

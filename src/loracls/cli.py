@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from loracls.errors import LoraclsError, capped, first_line
+from loracls.errors import LoraclsError, capped, first_line, quiet
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -152,7 +152,7 @@ def cmd_modules(args) -> None:
         print(checkpoint.describe() + "\n")
     for name, description, count in module_summary(model):
         print(f"{name:<48} {description:<28} x{count}")
-    print(f"\ntarget_modules: null (the default) takes {default_targets(model, lambda *_: None)}")
+    print(f"\ntarget_modules: null (the default) takes {default_targets(model, quiet)}")
     parameters = sum(p.numel() for p in model.parameters())
     print(
         f"decoder + head: {parameters / 1e6:,.1f}M parameters, {2 * parameters / 2**30:.2f} GiB in bf16 "

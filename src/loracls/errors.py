@@ -2,6 +2,18 @@
 value (`shown`) and how long it may be (`capped`)."""
 
 import reprlib
+from typing import Protocol
+
+
+class Log(Protocol):
+    """Where a stage says what it did: one line a call (`print` at the command line, the run's logger in a job,
+    `quiet` where nothing should be said)."""
+
+    def __call__(self, message: str, /) -> None: ...
+
+
+def quiet(message: str, /) -> None:
+    """A Log that says nothing (every process but the first; a load whose lines were already said)."""
 
 
 class LoraclsError(Exception):

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from loracls.data.batching import collate, length_grouped_batches
 from loracls.data.splits import Dataset
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 from loracls.model.scoring import predict_logits
 from loracls.model.source import resolve_encoder_dir
 from loracls.problems import Decision, evaluation
@@ -44,7 +44,7 @@ def _tokenizer(spec: str, directory) -> AutoTokenizer:
     return tokenizer
 
 
-def check_encoder(spec: str, log=print) -> None:
+def check_encoder(spec: str, log: Log = print) -> None:
     """Refuse an encoder that cannot be loaded (its config and tokenizer) before a run directory is made."""
     _tokenizer(spec, resolve_encoder_dir(spec, log))
 
@@ -179,7 +179,7 @@ def learning_rates(config) -> list[float]:
     return list(rates) if isinstance(rates, list) else [rates]
 
 
-def run_encoder(dataset: Dataset, config, runtime, spec: str, log=print) -> EncoderRecord:
+def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) -> EncoderRecord:
     """Fine-tune `spec` once per learning rate of the grid (each from the same initial weights, the same seed),
     keep the one with the best validation score, and score it on the test split."""
     started, tries, best = time.perf_counter(), [], None

@@ -12,6 +12,7 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.pipeline import FeatureUnion
 
 from loracls.data.splits import Dataset
+from loracls.errors import Log
 from loracls.problems import Decision
 from loracls.runs import TfidfRecord
 
@@ -45,7 +46,7 @@ def _probabilities(model, features, num_labels: int) -> np.ndarray:
     return probs
 
 
-def run_tfidf(dataset: Dataset, seed: int, log=print) -> TfidfRecord:
+def run_tfidf(dataset: Dataset, seed: int, log: Log = print) -> TfidfRecord:
     """C chosen on validation by accuracy (label sets: micro F1 at 0.5; then thresholds tuned per label on
     validation, as for LoRA)."""
     started = time.perf_counter()

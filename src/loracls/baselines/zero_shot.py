@@ -12,7 +12,7 @@ import numpy as np
 
 from loracls.calibration import reliability
 from loracls.config import EMBEDDED_DATA, Config, check_template
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError
 from loracls.metrics import classification_metrics
 from loracls.model.checkpoint import load_causal_lm
 from loracls.model.label_scoring import LabelScorer
@@ -88,7 +88,7 @@ def run_baseline(
     id2label: dict[int, str],
     config: Config,
     runtime,
-    log=print,
+    log: Log = print,
 ) -> tuple[BaselineRecord, np.ndarray, np.ndarray]:
     """Zero-shot metrics (plain and calibrated) and the two probability arrays."""
     template, words = prompt_setup(config, id2label)

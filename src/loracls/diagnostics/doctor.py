@@ -10,7 +10,7 @@ import time
 import torch
 
 from loracls.compat import FAIL, OK, WARN, Check, check_arch, check_bitsandbytes
-from loracls.errors import first_line
+from loracls.errors import Log, first_line
 from loracls.hardware import DeviceFacts, cpu_flags, environment_record, gather_facts
 
 # --- real computation ----------------------------------------------------------------------------
@@ -76,7 +76,7 @@ def run_checks(facts: DeviceFacts, device: torch.device, measure: bool = True) -
     return [check_arch(facts), check_matmul(device), check_bf16(facts, measure), check_bitsandbytes(facts)]
 
 
-def doctor(log=print) -> int:
+def doctor(log: Log = print) -> int:
     """Print the environment and checks; exit code 1 when the device cannot compute."""
     facts = gather_facts()
     device = torch.device("cuda" if facts.backend in ("rocm", "cuda") else facts.backend)

@@ -20,7 +20,7 @@ from pathlib import Path
 from loracls import files, runs
 from loracls.config import Config
 from loracls.config_reader import FIELDS, from_dict, parse_value, split_alternatives
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError, quiet
 
 
 @dataclass
@@ -102,7 +102,7 @@ def markdown_table(rows: list[SweepRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_sweep(base: Config, grid: dict[str, list], train, log=print, ray=None) -> Path:
+def run_sweep(base: Config, grid: dict[str, list], train, log: Log = print, ray=None) -> Path:
     """Train every grid point (here one after another, or as Ray Tune trials with `ray`: RayOptions)."""
     points = combinations(base, grid)
     sweep_dir = Path(base.output_dir) / (base.run_name or time.strftime("sweep-%Y%m%d-%H%M%S"))
@@ -149,12 +149,8 @@ def _ray_point(params: dict, points: dict, sweep_dir: str, train, threads: int, 
     in_trial_dir(cwd)
     name = params["point"]
     started = time.perf_counter()
-    train(from_dict({"output_dir": sweep_dir, "run_name": name, "threads": threads}, base=points[name]), _quiet)
+    train(from_dict({"output_dir": sweep_dir, "run_name": name, "threads": threads}, base=points[name]), quiet)
     return {"seconds": time.perf_counter() - started}
-
-
-def _quiet(*_args, **_kwargs) -> None:
-    """A trial's run logs to its own train_log; the driver writes the table."""
 
 
 def _run_points_on_ray(sweep_dir: Path, points: list, grid: dict[str, list], train, ray, log) -> Path:

@@ -16,7 +16,7 @@ from torch import nn
 
 from loracls import runs
 from loracls.data.batching import collate, sorted_batches
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.inference.engine import RunFormat
 from loracls.model.classifier import head_options, load_classifier
@@ -98,7 +98,7 @@ class AdapterSet:
     def __init__(
         self,
         paths: list[str],
-        log=print,
+        log: Log = print,
         batch_size: int | None = None,
         device: str | None = None,
         precision: str | None = None,

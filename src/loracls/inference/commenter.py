@@ -7,8 +7,9 @@ import numpy as np
 
 from loracls import runs
 from loracls.data.batching import Encoded
+from loracls.errors import Log
 from loracls.hardware import setup_runtime
-from loracls.model.generation import comments_after_labels
+from loracls.model.generation import Decoding, comments_after_labels
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.scorers import LabelWordScorer
 from loracls.model.source import resolve_model_dir
@@ -24,7 +25,7 @@ class Commenter:
     long_text = "truncate"
 
     def __init__(
-        self, run_path: str, log=print, batch_size: int | None = None, device: str | None = None, precision=None
+        self, run_path: str, log: Log = print, batch_size: int | None = None, device: str | None = None, precision=None
     ):
         run = runs.check_run_dir(run_path)
         config = runs.read_config(run)
@@ -71,10 +72,8 @@ class Commenter:
 
     def comments(self, texts: list[str], chosen) -> list[str]:
         """Each text's comment, generated (bounded; greedy, or the run's candidates rule) after its chosen label."""
-        bound, batch = self.max_comment_tokens, self.batch_size
-        return comments_after_labels(
-            self.model, self.tokenizer, self.scorer, texts, chosen, bound, batch, self.runtime, self.comment_candidates
-        ).texts
+        decoding = Decoding(self.max_comment_tokens, self.batch_size, self.runtime, self.comment_candidates)
+        return comments_after_labels(self.model, self.tokenizer, self.scorer, texts, chosen, decoding).texts
 
     def predict(self, texts: list[str]) -> list[dict]:
         """Prediction rows (`text`, `prediction`, `probabilities`) with each text's `comment`."""

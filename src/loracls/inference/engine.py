@@ -12,7 +12,7 @@ import numpy as np
 
 from loracls import runs
 from loracls.data.batching import Encoded, TextEncoder
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.model.classifier import head_options, load_classifier, load_standalone
 from loracls.model.scoring import predict_logits
@@ -103,7 +103,7 @@ class Classifier(RunFormat):
     def __init__(
         self,
         path: str,
-        log=print,
+        log: Log = print,
         batch_size: int | None = None,
         device: str | None = None,
         precision: str | None = None,

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from loracls import files, runs
 from loracls.data.batching import TextEncoder
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError
 from loracls.hardware import Runtime
 from loracls.inference.plain_check import plain_transformers_probabilities, write_model_card
 from loracls.model.classifier import is_generic, load_standalone, write_generic_module
@@ -186,7 +186,7 @@ def refuse_unfaithful(check: ExportCheck, where: Path, what: str) -> None:
         )
 
 
-def remerge(run_path: str, dtype: str, log=print) -> ExportCheck:
+def remerge(run_path: str, dtype: str, log: Log = print) -> ExportCheck:
     """`loracls export RUN --format merged --dtype D`: write run/merged again with weights in D, checked like
     the train job's export; metrics.json's export record is updated."""
     from loracls.config_reader import from_dict

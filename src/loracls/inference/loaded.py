@@ -9,7 +9,7 @@ from pathlib import Path
 from loracls import runs
 from loracls.data.splits import labelled_split, load_dataset
 from loracls.data.tables import read_table
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError
 from loracls.inference.engine import Classifier
 from loracls.metrics import ClassificationMetrics, MultiLabelMetrics
 from loracls.problems import evaluation, prediction_rows, problem_for
@@ -25,7 +25,7 @@ class EngineOptions:
     engine: str = "torch"  # torch | onnx | onnx-int8 (ray: predict --file --out only)
 
 
-def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log=print):
+def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log: Log = print):
     """The engine a command runs: PyTorch (the merged model, or base + adapter merged in memory; a
     label_and_comment run's causal LM), or a run's ONNX export through onnxruntime (`onnx`, `onnx-int8`)."""
     engine, device, precision, batch_size = options.engine, options.device, options.precision, options.batch_size
@@ -52,7 +52,7 @@ def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log=prin
 
 
 def evaluate(
-    run_path: str, data: str | None = None, options: EngineOptions = EngineOptions(), log=print
+    run_path: str, data: str | None = None, options: EngineOptions = EngineOptions(), log: Log = print
 ) -> ClassificationMetrics | MultiLabelMetrics:
     """Metrics of a run on its own test split, or on another labelled file with the run's columns."""
     config = runs.read_config(runs.check_run_dir(run_path))
@@ -68,7 +68,9 @@ def evaluate(
     return metrics
 
 
-def predictor(run_path: str, options: EngineOptions = EngineOptions(), log=print) -> Callable[[list[str]], list[dict]]:
+def predictor(
+    run_path: str, options: EngineOptions = EngineOptions(), log: Log = print
+) -> Callable[[list[str]], list[dict]]:
     """texts -> prediction rows (`text`, `prediction`, `probabilities`; label_and_comment adds `comment`), with
     the run's model loaded once."""
     runs.check_run_dir(run_path)
@@ -83,7 +85,7 @@ def predictor(run_path: str, options: EngineOptions = EngineOptions(), log=print
     return rows
 
 
-def predict(run_path: str, texts: list[str], options: EngineOptions = EngineOptions(), log=print) -> list[dict]:
+def predict(run_path: str, texts: list[str], options: EngineOptions = EngineOptions(), log: Log = print) -> list[dict]:
     if not texts:
         raise LoraclsError("predict: no texts given")
     if any(not t.strip() for t in texts):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from loracls import files, runs
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.inference.engine import RunFormat
 from loracls.inference.onnx_export import ONNX_DIR
@@ -24,7 +24,12 @@ ENGINES = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}  # --engine -> 
 
 class OnnxClassifier(RunFormat):
     def __init__(
-        self, path: str, log=print, batch_size: int | None = None, engine: str = "onnx", threads: int | None = None
+        self,
+        path: str,
+        log: Log = print,
+        batch_size: int | None = None,
+        engine: str = "onnx",
+        threads: int | None = None,
     ):
         try:
             import onnxruntime

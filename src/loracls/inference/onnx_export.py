@@ -15,7 +15,7 @@ import torch
 from loracls import files, runs
 from loracls.data.batching import collate
 from loracls.data.splits import load_dataset
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 from loracls.inference.engine import Classifier
 from loracls.inference.export import compare_predictions, export_checked
 from loracls.model.scoring import batched_logits, predict_logits
@@ -153,7 +153,7 @@ def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) ->
 
 
 def export_onnx(
-    run_path: str, out: str | None = None, log=print, replace: bool = False, quantize: str | None = None
+    run_path: str, out: str | None = None, log: Log = print, replace: bool = False, quantize: str | None = None
 ) -> list[ExportCheck]:
     """The fp32 export's check, then (`quantize: int8`) the int8 model's."""
     _require_onnx()

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError, quiet
 from loracls.hardware import ray_session
 
 __all__ = ["predict_with_ray"]
@@ -27,16 +27,12 @@ class _Scorer:
     def __init__(self, run: str, batch_size: int | None, engine: str):
         from loracls.inference.loaded import EngineOptions, predictor
 
-        self.score = predictor(run, EngineOptions(batch_size, engine=engine), _quiet)
+        self.score = predictor(run, EngineOptions(batch_size, engine=engine), quiet)
 
     def __call__(self, batch):
         texts = [str(text) for text in batch["text"]]
         rows = self.score(texts)
         return {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
-
-
-def _quiet(*_args, **_kwargs) -> None:
-    """Actors log nothing: the driver's progress bar says how far it is."""
 
 
 def predict_with_ray(
@@ -48,7 +44,7 @@ def predict_with_ray(
     workers: int,
     batch_rows: int,
     batch_size: int | None = None,
-    log=print,
+    log: Log = print,
 ) -> int:
     """Scores every text of `file` into the Parquet folder `out`; the number of rows written."""
     try:

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from loracls.errors import first_line
+from loracls.errors import Log, first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
 
 if TYPE_CHECKING:
@@ -355,7 +355,7 @@ class ServeLimits:
     max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
 
 
-def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(), log=print) -> None:
+def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(), log: Log = print) -> None:
     """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
     import signal
 

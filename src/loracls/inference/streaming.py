@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from loracls import files, runs
 from loracls.data.text_chunks import TextColumn, check_texts, text_chunks
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError
 
 __all__ = ["OUTPUTS", "StreamProgress", "predict_file", "stream_to_stdout"]
 
@@ -112,7 +112,7 @@ def predict_file(
     text_column: str,
     chunk_rows: int,
     resume: bool,
-    log=print,
+    log: Log = print,
 ) -> int:
     """Scores every text of `file` into `out`; the number of rows written by this call. `make_score()` loads
     the model once the input and output are checked (a bad file costs no model load)."""

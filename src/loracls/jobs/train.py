@@ -23,6 +23,7 @@ from loracls.calibration import CalibrationRecord
 from loracls.config import Config
 from loracls.config_reader import from_dict
 from loracls.data.splits import Dataset, format_counts, load_dataset
+from loracls.errors import Log, quiet
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_run
 from loracls.jobs.ladder import Ladder, run_ladder, rungs_of, say_verdict, verdict_of, zero_shot_skip_reason
@@ -58,7 +59,7 @@ class Job:
         return self.setup.log
 
 
-def train(config: Config | None, log=print, resume: str | None = None) -> Path:
+def train(config: Config | None, log: Log = print, resume: str | None = None) -> Path:
     """The job, for every problem: its scorer (model/scorers.py) is the one thing that differs. With `resume`,
     the run directory's own config and checkpoint are used. The run directory's writer lock is held from its
     first write (or the resume's start) to the end; `cleanup` runs however the job ends."""
@@ -120,7 +121,7 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
 def _prepare(config: Config | None, log, resume: str | None, held: contextlib.ExitStack) -> Job:
     """Runtime, data, model and LoRA, all checked; then the run directory (rank 0 writes, all get its path)."""
     distributed.init_from_environment()
-    log = log if distributed.is_main() else _quiet
+    log = log if distributed.is_main() else quiet
     resume_dir = runs.check_resumable(resume) if resume else None
     if resume_dir is not None and distributed.is_main():
         held.enter_context(runs.hold(resume_dir))
@@ -334,10 +335,6 @@ def _cleanup(joined_before: bool) -> None:
         distributed.leave()
 
 
-def _quiet(*_args, **_kwargs) -> None:
-    pass
-
-
 # --- the head LoRA rung (label_and_comment) -----------------------------------------------------------
 
 
@@ -372,7 +369,7 @@ def head_baseline(config: Config, run: Path, log) -> Metrics:
 # --- the baselines alone ---------------------------------------------------------------------------
 
 
-def baseline(config: Config, log=print) -> dict:
+def baseline(config: Config, log: Log = print) -> dict:
     """`loracls baseline`: the chosen baselines alone, on the same test split `train` would use: the zero-shot
     record's fields, plus "tfidf" and "encoder", and "skipped" (name -> why)."""
     from loracls.model.tokenizer import load_tokenizer

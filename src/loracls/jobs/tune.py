@@ -28,7 +28,7 @@ import yaml
 from loracls import files, runs
 from loracls.config import Config
 from loracls.config_reader import FIELDS, from_dict, parse_value, split_alternatives
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError, quiet
 from loracls.model.lora import DEFAULT_TARGETS
 
 __all__ = ["DEFAULT_SPACE", "Dimension", "parse_space", "run_tune"]
@@ -178,7 +178,7 @@ def _sampler(seed: int, study):
 
 
 def run_tune(
-    bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log=print, ray=None
+    bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log: Log = print, ray=None
 ) -> Path:
     """Run the study (continuing one already in the tune directory), here or (`ray`: RayOptions) as Ray
     Tune trials; returns the tune directory."""
@@ -261,12 +261,8 @@ def _ray_trial(params: dict, bases, names, dims, tune_dir: str, train, threads: 
     in_trial_dir(cwd)
     values = {dim.key: dim.decode(params[dim.key]) for dim in dims}
     number = params[TRIAL_NUMBER]
-    scores = _trial_scores(bases, names, values | {"threads": threads}, Path(tune_dir), number, train, _quiet)
+    scores = _trial_scores(bases, names, values | {"threads": threads}, Path(tune_dir), number, train, quiet)
     return {"mean_validation": sum(scores.values()) / len(scores), "trial_number": number}
-
-
-def _quiet(*_args, **_kwargs) -> None:
-    """A trial's runs log to their own train_log; the driver logs one line a trial."""
 
 
 def _optimize_on_ray(study, bases, names, dims, tune_dir: Path, remaining: int, train, ray, log) -> None:

