@@ -8,7 +8,10 @@
 # two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU.
 # STUDY_ORDER=set runs every given variant on one set before the next set (pairs of variants compared sooner);
 # STUDY_SETS="chinese tweets" runs only those sets, in that order.
-# Usage: bash benchmarks/study13/run.sh OUT [VARIANT ...]       then: python3 benchmarks/study13/summarize.py OUT
+# Every finished run's small files (metrics.json, train_log.jsonl, config.yaml; an encoders run's JSON and log)
+# are copied to benchmarks/study13/results/ (committed: the study outlives the machine), and a run found there is
+# not run again. The table: python3 benchmarks/study13/summarize.py benchmarks/study13/results
+# Usage: bash benchmarks/study13/run.sh OUT [VARIANT ...]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
@@ -49,6 +52,17 @@ variant_config() {  # what the variant changes
   esac
 }
 mkdir -p "$out/configs" "$out/runs" "$out/logs"
+keep() {  # a finished run's small files into benchmarks/study13/results/
+  local name="$1" kept="$here/results"
+  mkdir -p "$kept/runs" "$kept/logs"
+  if [ -f "$out/runs/$name.json" ]; then
+    cp "$out/runs/$name.json" "$kept/runs/" && cp "$out/logs/$name.log" "$kept/logs/"
+  elif [ -f "$out/runs/$name/metrics.json" ]; then
+    mkdir -p "$kept/runs/$name"
+    cp "$out/runs/$name/"{metrics.json,train_log.jsonl,config.yaml} "$kept/runs/$name/"
+  fi
+  return 0
+}
 read -r -a sets <<< "${STUDY_SETS:-rt chinese tweets imbalanced emotions}"
 pairs=()
 for variant in "${variants[@]}"; do for set in "${sets[@]}"; do pairs+=("$variant $set"); done; done
@@ -60,7 +74,8 @@ for pair in "${pairs[@]}"; do
     read -r variant set <<< "$pair"
     name="$variant-$set"
     run="$out/runs/$name"
-    [ -f "$run/metrics.json" ] || [ -f "$out/runs/$name.json" ] && continue
+    kept="$here/results"
+    [ -f "$kept/runs/$name/metrics.json" ] || [ -f "$kept/runs/$name.json" ] && continue
     config="$out/configs/$name.yaml"
     { echo "$common"; set_config "$set"; variant_config "$variant"; echo "run_name: $name"; } > "$config"
     echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
@@ -72,4 +87,5 @@ for pair in "${pairs[@]}"; do
     else
       OMP_NUM_THREADS=1 python3 -m loracls train "$config" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"
     fi
+    keep "$name"
 done
