@@ -19,7 +19,7 @@ from loracls.config_reader import load_config
 from loracls.data.splits import load_dataset
 from loracls.hardware import Runtime
 from loracls.model.generation import Decoding, comments_after_labels
-from loracls.model.label_scoring import LabelScorer
+from loracls.model.label_scoring import LabelPrompt, LabelScorer
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import store_frozen_linears_in
 from loracls.model.tokenizer import load_tokenizer
@@ -27,7 +27,7 @@ from loracls.problems.label_and_comment import DEFAULT_TEMPLATE
 
 
 def _seconds(model, tokenizer, texts, beams: int, max_new_tokens: int, runtime) -> float:
-    scorer = LabelScorer(model, tokenizer, DEFAULT_TEMPLATE, ["negative", "positive"], 256, 32, runtime)
+    scorer = LabelScorer(model, tokenizer, LabelPrompt(DEFAULT_TEMPLATE, ["negative", "positive"], 256), 32, runtime)
     chosen = [0] * len(texts)
     started = time.perf_counter()
     comments_after_labels(model, tokenizer, scorer, texts, chosen, Decoding(max_new_tokens, 32, runtime, beams))

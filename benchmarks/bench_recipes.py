@@ -70,7 +70,7 @@ def _our_loop(config, runtime, peft_model, tokenizer, dataset, groups) -> dict:
     train_set = TrainSet(train.ids, labels, len(dataset.id2label), tokenizer.pad_token_id, dataset.kind)
     with tempfile.TemporaryDirectory() as scratch:
         quiet = RunLogger(Path(scratch), lambda *a: None)
-        trainer = Trainer(peft_model, train_set, lambda model: None, config, runtime, Path(scratch), quiet)
+        trainer = Trainer(peft_model, train_set, lambda model: None, config, runtime, quiet)
         peft_model.train()
         seconds, tokens = 0.0, 0
         for n, group in enumerate(groups):

@@ -17,7 +17,7 @@ from loracls.config_reader import load_config
 from loracls.data.splits import load_dataset
 from loracls.hardware import setup_runtime
 from loracls.model.generation import Decoding, generate
-from loracls.model.label_scoring import LabelScorer
+from loracls.model.label_scoring import LabelPrompt, LabelScorer
 from loracls.model.source import resolve_model_dir
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems.label_and_comment import DEFAULT_TEMPLATE
@@ -30,7 +30,9 @@ def main(texts: int = 32, max_new_tokens: int = 32, batch: int = 16) -> dict:
     tokenizer = load_tokenizer(model_dir, lambda *a: None)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     split = load_dataset(config).test
-    scorer = LabelScorer(model, tokenizer, DEFAULT_TEMPLATE, ["fresh", "rotten"], config.max_length, batch, runtime)
+    scorer = LabelScorer(
+        model, tokenizer, LabelPrompt(DEFAULT_TEMPLATE, ["fresh", "rotten"], config.max_length), batch, runtime
+    )
     prompts = scorer.answer_prompts(split.texts[:texts], [0] * texts, [])
     generate(model, tokenizer, prompts[:batch], Decoding(2, batch, runtime))  # warm-up
     started = time.perf_counter()

@@ -198,6 +198,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     from loracls.hardware import setup_runtime
     from loracls.model.classifier import load_classifier
     from loracls.model.lora import LoraSpec, apply_lora
+    from loracls.model.scoring import Batching
     from loracls.model.scoring import evaluate as evaluate_split
     from loracls.model.speedups import apply_speedups
     from loracls.problems import Decision
@@ -224,8 +225,8 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     )  # fmt: skip
     real = functools.partial(
         evaluate_split, encoded=validation, split=dataset.validation, id2label=dataset.id2label,
-        decision=Decision(config.problem), pad_id=pad_id, batch_size=8, runtime=runtime,
+        decision=Decision(config.problem), batching=Batching(pad_id, 8, runtime),
     )  # fmt: skip
     validate = real if evaluate is None else functools.partial(evaluate, real)
     run.mkdir(parents=True, exist_ok=True)
-    return Trainer(model, train_set, validate, config, runtime, run, RunLogger(run, quiet)), dataset
+    return Trainer(model, train_set, validate, config, runtime, RunLogger(run, quiet)), dataset

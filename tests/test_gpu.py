@@ -127,7 +127,7 @@ def test_whole_job_on_the_gpu_and_merged_equals_adapter_in_bf16(gpu_run):
     from loracls.data.batching import encode
     from loracls.hardware import Runtime
     from loracls.model.classifier import load_classifier, load_standalone
-    from loracls.model.scoring import predict_probabilities
+    from loracls.model.scoring import Batching, predict_probabilities
 
     env = json.loads((gpu_run / "env.json").read_text())
     assert env["device"].startswith("cuda") and env["precision"] == "bfloat16"
@@ -142,8 +142,9 @@ def test_whole_job_on_the_gpu_and_merged_equals_adapter_in_bf16(gpu_run):
     bf16 = Runtime(torch.device("cuda"), torch.bfloat16)
     adapter = PeftModel.from_pretrained(loaded.model, str(gpu_run / "adapter")).cuda()
     merged = load_standalone(gpu_run / "merged").cuda()
-    a = predict_probabilities(adapter, ids, loaded.tokenizer.pad_token_id, 16, bf16)
-    b = predict_probabilities(merged, ids, loaded.tokenizer.pad_token_id, 16, bf16)
+    batching = Batching(loaded.tokenizer.pad_token_id, 16, bf16)
+    a = predict_probabilities(adapter, ids, batching)
+    b = predict_probabilities(merged, ids, batching)
     assert np.abs(a - b).max() < 3e-2  # bf16 rounds W x + B A x and (W + B A) x differently
     assert (a.argmax(1) == b.argmax(1)).mean() >= 0.95
 

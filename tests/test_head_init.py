@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import tiny_overrides
 from loracls.cli import main
-from loracls.model.classifier import init_head_from_verbalizers, load_classifier
+from loracls.model.classifier import HeadSpec, init_head_from_verbalizers, load_classifier
 
 
 def test_a_verbalizer_head_computes_the_prompts_label_logits(gemma3_dir):
@@ -29,7 +29,7 @@ def test_a_verbalizer_head_computes_the_prompts_label_logits(gemma3_dir):
 def test_zero_and_random_heads(gemma3_dir):
     zero = load_classifier(gemma3_dir, {0: "a", 1: "b"}, log=lambda *a: None)
     assert torch.count_nonzero(zero.model.score.weight) == 0
-    random = load_classifier(gemma3_dir, {0: "a", 1: "b"}, log=lambda *a: None, head_init="random")
+    random = load_classifier(gemma3_dir, {0: "a", 1: "b"}, log=lambda *a: None, head=HeadSpec(init="random"))
     assert torch.count_nonzero(random.model.score.weight) > 0
 
 

@@ -14,7 +14,7 @@ from loracls.errors import LoraclsError
 from loracls.files import read_jsonl
 from loracls.hardware import Runtime
 from loracls.model.generation import Decoding, comments_after_labels, generate
-from loracls.model.label_scoring import LabelScorer
+from loracls.model.label_scoring import LabelPrompt, LabelScorer
 from loracls.problems import IGNORE_INDEX, PROBLEMS, training_sequence
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
@@ -28,7 +28,7 @@ def causal_lm(gemma3_dir):
 
 
 def _sequence(tokenizer, text="the film was good", word="good", comment="great plot ok", weight=1.0):
-    scorer = LabelScorer(None, tokenizer, "{text} was", [word], 64, 4, CPU)
+    scorer = LabelScorer(None, tokenizer, LabelPrompt("{text} was", [word], 64), 4, CPU)
     prompt = scorer._prompt_ids([text])[0]
     comment_ids = tokenizer(comment, add_special_tokens=False)["input_ids"]
     return (
@@ -76,7 +76,7 @@ def test_the_loss_is_the_weighted_mean_over_the_answer_tokens(causal_lm):
 def test_the_label_scorer_reads_the_label_tokens_that_were_trained(causal_lm):
     tokenizer = make_tokenizer()
     words = ["good", "bad"]
-    scorer = LabelScorer(causal_lm, tokenizer, "{text} was", words, 64, 4, CPU)
+    scorer = LabelScorer(causal_lm, tokenizer, LabelPrompt("{text} was", words, 64), 4, CPU)
     text = "the film was good"
     scores = scorer.label_logprobs([text])[0]
     for k, word in enumerate(words):
@@ -126,7 +126,7 @@ def test_generation_stops_at_eos_and_at_the_bound(causal_lm):
 
 def test_candidates_keep_the_first_beam_that_reads_back_as_the_chosen_label(causal_lm):
     tokenizer = make_tokenizer()
-    scorer = LabelScorer(causal_lm, tokenizer, "{text} was", ["good", "bad"], 64, 4, CPU)
+    scorer = LabelScorer(causal_lm, tokenizer, LabelPrompt("{text} was", ["good", "bad"], 64), 4, CPU)
     texts = ["the film was", "a long dull plot", "the actor", "good fun", "bad jokes and", "the story", "it was"]
     texts, chosen = [*texts, "plot and actor"], [1, 0] * 4
     prompts = scorer.answer_prompts(texts, chosen, tokenizer("\n", add_special_tokens=False)["input_ids"])

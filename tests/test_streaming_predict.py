@@ -15,7 +15,7 @@ import pytest
 
 from loracls.cli import main
 from loracls.inference.loaded import predictor
-from loracls.inference.streaming import predict_file
+from loracls.inference.streaming import FileJob, predict_file
 from test_bad_input import one_line_error
 
 
@@ -94,10 +94,10 @@ def test_a_crashed_call_resumes_with_no_row_lost_or_written_twice(suffix, traine
     run, texts = str(trained_runs["gemma3"]), _texts(40)
     source, score = _write(tmp_path / "in.csv", texts), predictor(str(trained_runs["gemma3"]), log=lambda *a: None)
     straight, crashed = tmp_path / f"straight{suffix}", tmp_path / f"crashed{suffix}"
-    assert predict_file(lambda: score, run, str(source), str(straight), "text", 6, False, lambda *a: None) == 40
+    assert predict_file(lambda: score, FileJob(run, str(source), str(straight)), 6, False, lambda *a: None) == 40
     with pytest.raises(Crash):
         crashing = _crashing_after(score, 3)
-        predict_file(lambda: crashing, run, str(source), str(crashed), "text", 6, False, lambda *a: None)
+        predict_file(lambda: crashing, FileJob(run, str(source), str(crashed)), 6, False, lambda *a: None)
     if suffix == ".jsonl":  # a killed writer's half line past the last completed chunk
         with open(crashed, "a") as out:
             out.write('{"text": "half')
@@ -106,7 +106,7 @@ def test_a_crashed_call_resumes_with_no_row_lost_or_written_twice(suffix, traine
         (crashed / "part-000003.parquet").write_bytes((straight / "part-000003.parquet").read_bytes())
         record = crashed / "_progress.json"
     assert json.loads(record.read_text())["rows_done"] == 18
-    assert predict_file(lambda: score, run, str(source), str(crashed), "text", 6, True, lambda *a: None) == 22
+    assert predict_file(lambda: score, FileJob(run, str(source), str(crashed)), 6, True, lambda *a: None) == 22
     read = _jsonl if suffix == ".jsonl" else lambda path: pd.read_parquet(path).to_dict("records")
     assert [r["text"] for r in read(crashed)] == texts and not record.exists()
     assert [r["prediction"] for r in read(crashed)] == [r["prediction"] for r in read(straight)]
@@ -171,7 +171,7 @@ def test_a_resume_with_another_chunk_size_or_input_is_refused(trained_runs, tmp_
     source, out = _write(tmp_path / "in.csv", texts), tmp_path / "out.jsonl"
     score = predictor(run, log=lambda *a: None)
     with pytest.raises(Crash):
-        predict_file(lambda: _crashing_after(score, 1), run, str(source), str(out), "text", 5, False, lambda *a: None)
+        predict_file(lambda: _crashing_after(score, 1), FileJob(run, str(source), str(out)), 5, False, lambda *a: None)
     line = one_line_error(
         ["predict", run, "--file", str(source), "--out", str(out), "--chunk-rows", "4", "--resume"], capsys
     )

@@ -56,7 +56,7 @@ def cmd_evaluate(args) -> None:
 def cmd_predict(args) -> None:
     from loracls import files, runs
     from loracls.inference.loaded import predict, predictor
-    from loracls.inference.streaming import predict_file, stream_to_stdout
+    from loracls.inference.streaming import FileJob, predict_file, stream_to_stdout
 
     if bool(args.text) == bool(args.file):
         raise LoraclsError("predict: give --text (repeatable) or --file, not both")
@@ -78,7 +78,7 @@ def cmd_predict(args) -> None:
         return predictor(args.run, _engine_options(args), log)
 
     if args.out:
-        predict_file(make_score, args.run, args.file, args.out, text_column, args.chunk_rows, args.resume, log)
+        predict_file(make_score, FileJob(args.run, args.file, args.out, text_column), args.chunk_rows, args.resume, log)
     else:
         stream_to_stdout(make_score, args.file, text_column, args.chunk_rows)
 
@@ -86,13 +86,13 @@ def cmd_predict(args) -> None:
 def _predict_with_ray(args) -> None:
     from loracls import runs
     from loracls.inference.ray_predict import predict_with_ray
+    from loracls.inference.streaming import FileJob
 
     if not (args.file and args.out) or args.resume:
         raise LoraclsError("predict --engine ray: give --file IN and --out DIR (no --resume: Ray retries failed tasks)")
     text_column = runs.read_config(runs.check_run_dir(args.run)).text_column
-    predict_with_ray(
-        args.run, args.file, args.out, text_column, args.address, args.workers, args.chunk_rows, args.batch_size, log
-    )
+    job = FileJob(args.run, args.file, args.out, text_column)
+    predict_with_ray(job, args.address, args.workers, args.chunk_rows, args.batch_size, log)
 
 
 def cmd_serve(args) -> None:
@@ -191,7 +191,7 @@ def cmd_sweep(args) -> None:
 def cmd_tune(args) -> None:
     from loracls.config_reader import load_config
     from loracls.jobs.train import train
-    from loracls.jobs.tune import parse_space, run_tune
+    from loracls.jobs.tune import Tuning, parse_space, run_tune
 
     if args.trials < 1:
         raise LoraclsError("tune: --trials must be >= 1")
@@ -201,7 +201,7 @@ def cmd_tune(args) -> None:
         raise LoraclsError(f"tune: config files need distinct names, got {', '.join(names)}")
     bases = [load_config(c, args.set) for c in configs]
     dims = parse_space(args.space)
-    print(run_tune(bases, names, dims, args.trials, train, log, _ray_options(args)))
+    print(run_tune(Tuning.of(bases, names, dims, train, log), args.trials, _ray_options(args)))
 
 
 def _ray_options(args):

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from loracls.data.batching import collate, length_grouped_batches
 from loracls.data.splits import Dataset
 from loracls.errors import Log, LoraclsError, first_line
-from loracls.model.scoring import predict_logits
+from loracls.model.scoring import Batching, predict_logits
 from loracls.model.source import resolve_encoder_dir
 from loracls.problems import Decision, evaluation
 from loracls.runs import EncoderRecord
@@ -89,9 +89,8 @@ class EncoderFit:
         self.decision = Decision(dataset.problem)
 
     def logits(self, split: str) -> np.ndarray:
-        return predict_logits(
-            self.model, self.ids[split], self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime
-        )
+        batching = Batching(self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime)
+        return predict_logits(self.model, self.ids[split], batching)
 
     def validation_score(self) -> float:
         """The config's select_by on validation, higher is better (loss is negated)."""

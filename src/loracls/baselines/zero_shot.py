@@ -12,10 +12,11 @@ import numpy as np
 
 from loracls.calibration import reliability
 from loracls.config import EMBEDDED_DATA, Config, check_template
+from loracls.data.splits import Dataset
 from loracls.errors import Log, LoraclsError
 from loracls.metrics import classification_metrics
 from loracls.model.checkpoint import load_causal_lm
-from loracls.model.label_scoring import LabelScorer
+from loracls.model.label_scoring import LabelPrompt, LabelScorer
 from loracls.runs import BaselineRecord
 
 CONTENT_FREE = ["N/A", "", "[MASK]"]
@@ -81,22 +82,18 @@ def calibrate(label_logprobs: np.ndarray, content_free_logprobs: np.ndarray) -> 
 
 
 def run_baseline(
-    model_dir,
-    tokenizer,
-    texts: list[str],
-    labels: list[int],
-    id2label: dict[int, str],
-    config: Config,
-    runtime,
-    log: Log = print,
+    model_dir, tokenizer, dataset: Dataset, config: Config, runtime, log: Log = print
 ) -> tuple[BaselineRecord, np.ndarray, np.ndarray]:
-    """Zero-shot metrics (plain and calibrated) and the two probability arrays."""
+    """Zero-shot metrics (plain and calibrated) on the test split and the two probability arrays."""
+    texts, labels, id2label = dataset.test.texts, dataset.test.labels, dataset.id2label
     template, words = prompt_setup(config, id2label)
     try:
         model = load_causal_lm(model_dir).to(runtime.device).eval()
     except LoraclsError as exc:
         raise LoraclsError(f"baseline: {exc}") from None
-    scorer = LabelScorer(model, tokenizer, template, words, config.max_length, config.eval_batch_size, runtime)
+    scorer = LabelScorer(
+        model, tokenizer, LabelPrompt(template, words, config.max_length), config.eval_batch_size, runtime
+    )
     started = time.perf_counter()
     scores = scorer.label_logprobs(texts, progress=True)
     texts_per_second = len(texts) / max(time.perf_counter() - started, 1e-9)

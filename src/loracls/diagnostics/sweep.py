@@ -154,21 +154,16 @@ def _ray_point(params: dict, points: dict, sweep_dir: str, train, threads: int, 
 
 
 def _run_points_on_ray(sweep_dir: Path, points: list, grid: dict[str, list], train, ray, log) -> Path:
-    from loracls.jobs.ray_trials import run_trials
+    from loracls.jobs.ray_trials import TrialSearch, run_trials
 
     log(
         f"sweep: {len(points)} runs in {sweep_dir} as Ray Tune trials "
         f"({ray.cpus_per_trial} CPU(s) / {ray.gpus_per_trial:g} GPU(s) a trial)"
     )
     arguments = dict(points=dict(points), sweep_dir=str(sweep_dir.resolve()), train=train, threads=ray.cpus_per_trial)
-    results = run_trials(
-        _ray_point,
-        arguments | {"cwd": os.getcwd()},
-        sweep_dir,
-        ray,
-        param_space={"point": {"grid_search": [name for name, _ in points]}},  # Ray Tune's grid form
-        command="sweep --engine ray",
-    )
+    grid_search = {"point": {"grid_search": [name for name, _ in points]}}  # Ray Tune's grid form
+    search = TrialSearch(param_space=grid_search, command="sweep --engine ray")
+    results = run_trials(_ray_point, arguments | {"cwd": os.getcwd()}, sweep_dir, ray, search)
     seconds = {result["config"]["point"]: result["seconds"] for result in results}
     rows = [_row(name, sweep_dir / name, seconds[name]) for name, _ in points]
     _write_rows(sweep_dir, rows)

@@ -19,7 +19,7 @@ from loracls.data.batching import collate, sorted_batches
 from loracls.errors import Log, LoraclsError, first_line
 from loracls.hardware import setup_runtime
 from loracls.inference.engine import RunFormat
-from loracls.model.classifier import head_options, load_classifier
+from loracls.model.classifier import HeadSpec, load_classifier
 from loracls.model.lora import head_name
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import store_frozen_linears_in
@@ -68,7 +68,7 @@ def _checked_runs(paths: list[str], log) -> list[tuple[Path, object]]:
     if len(set(bases.values())) > 1:
         shown = ", ".join(f"{name}: {base}" for name, base in bases.items())
         raise LoraclsError(f"serve: the runs do not share one base model ({shown}); serve them separately")
-    heads = {run.name: tuple(head_options(config).values()) for run, config in found}
+    heads = {run.name: (HeadSpec.of(config).pooling, HeadSpec.of(config).bidirectional) for run, config in found}
     if len(set(heads.values())) > 1:
         shown = ", ".join(f"{name}: pooling {pool}, bidirectional {both}" for name, (pool, both) in heads.items())
         raise LoraclsError(f"serve: the runs do not read the decoder the same way ({shown}); serve them separately")
@@ -108,7 +108,9 @@ class AdapterSet:
         self.paths = [str(run) for run, _ in found]
         self.runtime = setup_runtime(device or first.device, precision or first.precision, first.threads)
         self.batch_size = batch_size or first.eval_batch_size
-        loaded = load_classifier(resolve_model_dir(first.model, log), {0: "a", 1: "b"}, log=log, **head_options(first))
+        loaded = load_classifier(
+            resolve_model_dir(first.model, log), {0: "a", 1: "b"}, log=log, head=HeadSpec.of(first)
+        )
         self.tokenizer, self.pad_id = loaded.tokenizer, loaded.tokenizer.pad_token_id
         head = head_name(loaded.model)
         setattr(loaded.model, head, nn.Identity())  # the model's "logits" are then the pooled hidden states

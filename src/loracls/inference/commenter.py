@@ -10,7 +10,7 @@ from loracls.data.batching import Encoded
 from loracls.errors import Log
 from loracls.hardware import setup_runtime
 from loracls.model.generation import Decoding, comments_after_labels
-from loracls.model.label_scoring import LabelScorer
+from loracls.model.label_scoring import LabelPrompt, LabelScorer
 from loracls.model.scorers import LabelWordScorer
 from loracls.model.source import resolve_model_dir
 from loracls.problems import prediction_rows
@@ -40,10 +40,9 @@ class Commenter:
         model, self.tokenizer = LabelWordScorer().load(config, model_dir, self.id2label, run / runs.ADAPTER)
         self.model = model.to(self.runtime.device).eval()
         self.source = f"{config.model} + {run / runs.ADAPTER}"
-        self.scorer = LabelScorer(
-            self.model, self.tokenizer, prompt_template(config.input_template),
-            label_words(config.verbalizers, self.id2label), config.max_length, self.batch_size, self.runtime,
-        )  # fmt: skip
+        words = label_words(config.verbalizers, self.id2label)
+        prompt = LabelPrompt(prompt_template(config.input_template), words, config.max_length)
+        self.scorer = LabelScorer(self.model, self.tokenizer, prompt, self.batch_size, self.runtime)
 
     def probabilities(self, texts: list[str], progress: bool = False) -> np.ndarray:
         return self.decision.probabilities(self.scorer.label_logprobs(texts, progress))

@@ -14,8 +14,8 @@ from loracls import runs
 from loracls.data.batching import Encoded, TextEncoder
 from loracls.errors import Log, LoraclsError, first_line
 from loracls.hardware import setup_runtime
-from loracls.model.classifier import head_options, load_classifier, load_standalone
-from loracls.model.scoring import predict_logits
+from loracls.model.classifier import HeadSpec, load_classifier, load_standalone
+from loracls.model.scoring import Batching, predict_logits
 from loracls.model.source import resolve_model_dir
 from loracls.model.speedups import store_frozen_linears_in
 from loracls.model.tokenizer import load_tokenizer
@@ -139,13 +139,7 @@ class Classifier(RunFormat):
             return
         from peft import PeftModel
 
-        loaded = load_classifier(
-            resolve_model_dir(config.model, log),
-            self.id2label,
-            log=log,
-            problem=self.decision.problem,
-            **head_options(config),
-        )
+        loaded = load_classifier(resolve_model_dir(config.model, log), self.id2label, log=log, head=HeadSpec.of(config))
         try:
             adapter = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER))
         except Exception as exc:  # a damaged or foreign adapter directory
@@ -169,6 +163,5 @@ class Classifier(RunFormat):
 
     def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray:
         """Row logits; `max_tokens` caps the padded tokens of one forward pass (the server's mixed batches)."""
-        return predict_logits(
-            self.model, ids, self.tokenizer.pad_token_id, self.batch_size, self.runtime, progress, max_tokens
-        )
+        batching = Batching(self.tokenizer.pad_token_id, self.batch_size, self.runtime)
+        return predict_logits(self.model, ids, batching, progress, max_tokens)

@@ -17,7 +17,7 @@ from loracls.inference.plain_check import plain_transformers_probabilities, writ
 from loracls.model.classifier import is_generic, load_standalone, write_generic_module
 from loracls.model.lora import head_name
 from loracls.model.scorers import Built, Scorer, Setup, comments, label_logprobs, scorer_for
-from loracls.model.scoring import predict_logits
+from loracls.model.scoring import Batching, predict_logits
 from loracls.problems import Decision, problem_for
 from loracls.runs import INPUT_FORMAT, ExportCheck, InputFormat
 
@@ -74,7 +74,7 @@ def export_merged(setup: Setup, scorer: Scorer, built: Built | None, run: Path) 
     ids = TextEncoder.for_config(config, tokenizer).encode(setup.dataset.test.texts).ids
 
     def logits(model) -> np.ndarray:
-        return predict_logits(model, ids, tokenizer.pad_token_id, batch_size, exact)
+        return predict_logits(model, ids, Batching(tokenizer.pad_token_id, batch_size, exact))
 
     adapter_probs = decision.probabilities(logits(peft_model))
     merged = peft_model.merge_and_unload()

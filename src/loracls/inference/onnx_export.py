@@ -18,7 +18,7 @@ from loracls.data.splits import load_dataset
 from loracls.errors import Log, LoraclsError, first_line
 from loracls.inference.engine import Classifier
 from loracls.inference.export import compare_predictions, export_checked
-from loracls.model.scoring import batched_logits, predict_logits
+from loracls.model.scoring import Batching, batched_logits, predict_logits
 from loracls.problems import evaluation
 from loracls.runs import INPUT_FORMAT, ExportCheck, InputFormat
 
@@ -194,7 +194,7 @@ def export_onnx(
 
     def check(staging: Path) -> tuple[ExportCheck, np.ndarray, float]:
         started = time.perf_counter()
-        torch_logits = predict_logits(classifier.model, ids, pad, classifier.batch_size, classifier.runtime)
+        torch_logits = predict_logits(classifier.model, ids, Batching(pad, classifier.batch_size, classifier.runtime))
         torch_seconds = time.perf_counter() - started
         started = time.perf_counter()
         onnx_logits = _run_onnx(staging / "model.onnx", ids, pad, classifier.batch_size)
@@ -224,10 +224,18 @@ def export_onnx(
     )
     if quantize is None:
         return [check]
-    return [check, _quantized(target, classifier, encoded, a, test, torch_seconds, log)]
+    return [check, _quantized(target, classifier, encoded, test, _TorchReference(a, torch_seconds), log)]
 
 
-def _quantized(target: Path, classifier, encoded, reference: np.ndarray, test, reference_seconds, log) -> ExportCheck:
+@dataclasses.dataclass(frozen=True)
+class _TorchReference:
+    """fp32 PyTorch's calibrated probabilities on the test split, and the seconds they took."""
+
+    probabilities: np.ndarray
+    seconds: float
+
+
+def _quantized(target: Path, classifier, encoded, test, torch_side: _TorchReference, log) -> ExportCheck:
     """model.int8.onnx beside model.onnx: int8 weights for every MatMul, in blocks of 128 with a scale each
     (onnxruntime's MatMulNBitsQuantizer, bits=8, accuracy_level 4: int8 products inside the kernel), checked
     against fp32 PyTorch on the test split: label agreement, the accuracy change and the largest probability
@@ -235,6 +243,7 @@ def _quantized(target: Path, classifier, encoded, reference: np.ndarray, test, r
     270M run (docs/benchmarks.md): onnxruntime's dynamic quantization (quantize_dynamic: activations
     quantized per batch too) lost 3.0 points of accuracy there, and 4.5 on another run on a CPU with VNNI;
     these weight-only blocks lost none and 0.5 against the bf16 engine."""
+    reference, reference_seconds = torch_side.probabilities, torch_side.seconds
     import logging
 
     import onnx

@@ -15,6 +15,7 @@ from pathlib import Path
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts
 from loracls.errors import Log, LoraclsError, quiet
 from loracls.hardware import ray_session
+from loracls.inference.streaming import FileJob
 
 __all__ = ["predict_with_ray"]
 
@@ -36,17 +37,11 @@ class _Scorer:
 
 
 def predict_with_ray(
-    run: str,
-    file: str,
-    out: str,
-    text_column: str,
-    address: str | None,
-    workers: int,
-    batch_rows: int,
-    batch_size: int | None = None,
-    log: Log = print,
+    job: FileJob, address: str | None, workers: int, batch_rows: int, batch_size: int | None = None, log: Log = print
 ) -> int:
-    """Scores every text of `file` into the Parquet folder `out`; the number of rows written."""
+    """Scores every text of the job's file into the Parquet folder `out` with `workers` Ray Data actors,
+    `batch_rows` rows a task; the number of rows written."""
+    run, file, out, text_column = job.run, job.file, job.out, job.text_column
     try:
         import pyarrow.dataset
         import ray

@@ -104,19 +104,27 @@ def output_for(out: str) -> JsonlOutput | ParquetOutput:
     return kind(Path(out))
 
 
+@dataclass(frozen=True)
+class FileJob:
+    """What `predict --file` scores: the texts in `file`'s `text_column`, by the run `run`, into `out`."""
+
+    run: str
+    file: str
+    out: str
+    text_column: str = "text"
+
+
 def predict_file(
     make_score: Callable[[], Callable[[list[str]], list[dict]]],
-    run: str,
-    file: str,
-    out: str,
-    text_column: str,
+    job: FileJob,
     chunk_rows: int,
     resume: bool,
     log: Log = print,
 ) -> int:
-    """Scores every text of `file` into `out`; the number of rows written by this call. `make_score()` loads
-    the model once the input and output are checked (a bad file costs no model load)."""
-    output, source = output_for(out), TextColumn(file, text_column)
+    """Scores every text of the job's file into its `out`; the number of rows written by this call.
+    `make_score()` loads the model once the input and output are checked (a bad file costs no model load)."""
+    run, out = job.run, job.out
+    output, source = output_for(out), TextColumn(job.file, job.text_column)
     progress = _resumed(output, source, run, chunk_rows) if resume else _fresh(output, source, run, chunk_rows)
     score = make_score()
     with files.writing(output.lock_path, "the output's folder"):  # missing folders are made, as plain --out does

@@ -123,9 +123,7 @@ def _cached(run: Path | None, name: str, read, compute):
 def _zero_shot(setup: Setup, tokenizer, run: Path | None) -> BaselineRecord:
     dataset = setup.dataset
     test = dataset.test
-    result, plain, _ = run_baseline(
-        setup.model_dir, tokenizer, test.texts, test.labels, dataset.id2label, setup.config, setup.runtime, setup.log
-    )
+    result, plain, _ = run_baseline(setup.model_dir, tokenizer, dataset, setup.config, setup.runtime, setup.log)
     if run is not None:
         files.write_jsonl(
             run / runs.PREDICTIONS / "baseline_test.jsonl",

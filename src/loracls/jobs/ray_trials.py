@@ -16,7 +16,7 @@ from pathlib import Path
 from loracls.errors import LoraclsError, first_line
 from loracls.hardware import ray_session
 
-__all__ = ["RayOptions", "run_trials", "in_trial_dir"]
+__all__ = ["RayOptions", "TrialSearch", "run_trials", "in_trial_dir"]
 
 
 @dataclass(frozen=True)
@@ -28,25 +28,27 @@ class RayOptions:
     gpus_per_trial: float = 0
 
 
+@dataclass(frozen=True)
+class TrialSearch:
+    """Which trials run: Ray Tune's `param_space` (sweep's grid), a search `algorithm` drawing `samples` trials
+    (tune's OptunaSearch), and the command named in messages."""
+
+    param_space: dict | None = None
+    algorithm: object = None
+    samples: int = 1
+    command: str = "--engine ray"
+
+
 def in_trial_dir(cwd: str) -> None:
     """A trial starts in its own Ray directory: relative paths in the configs are the driver's."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
 
 
-def run_trials(
-    trainable: Callable,
-    arguments: dict,
-    out: Path,
-    options: RayOptions,
-    *,
-    param_space: dict | None = None,
-    search_alg=None,
-    num_samples: int = 1,
-    command: str = "--engine ray",
-) -> list[dict]:
+def run_trials(trainable: Callable, arguments: dict, out: Path, options: RayOptions, search: TrialSearch) -> list[dict]:
     """Run `trainable(params, **arguments)` as Ray Tune trials; each trial's returned metrics, with its
     params under "config". A trial that fails fails the command, with its error in one line."""
+    command = search.command
     # Ray Tune's own output: its legacy reporter honours verbose=0 (the new one prints a settings box), and no
     # TensorBoard / CSV / JSON loggers per trial (the runs log to their own train_log)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -57,8 +59,8 @@ def run_trials(
         resources = {"cpu": options.cpus_per_trial, "gpu": options.gpus_per_trial}
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(trainable, **arguments), resources),
-            param_space=param_space or {},
-            tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples),
+            param_space=search.param_space or {},
+            tune_config=tune.TuneConfig(search_alg=search.algorithm, num_samples=search.samples),
             run_config=tune.RunConfig(storage_path=str((out / "ray").resolve()), name="trials", verbose=0),
         )
         try:

@@ -212,7 +212,7 @@ def _fit(job: Job) -> TrainResult:
     config, built = job.config, job.built
     train_set = job.scorer.train_set(job.setup, built)
     validate = job.scorer.validate(job.setup, built)
-    trainer = Trainer(built.model, train_set, validate, config, job.setup.runtime, job.run, RunLogger(job.run, job.log))
+    trainer = Trainer(built.model, train_set, validate, config, job.setup.runtime, RunLogger(job.run, job.log))
     if job.resumed:
         trainer.load_checkpoint()
     examples = len(job.setup.dataset.train)

@@ -20,7 +20,8 @@ import io
 import json
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -31,7 +32,7 @@ from loracls.config_reader import FIELDS, from_dict, parse_value, split_alternat
 from loracls.errors import Log, LoraclsError, quiet
 from loracls.model.lora import DEFAULT_TARGETS
 
-__all__ = ["DEFAULT_SPACE", "Dimension", "parse_space", "run_tune"]
+__all__ = ["DEFAULT_SPACE", "Dimension", "Tuning", "parse_space", "run_tune"]
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
@@ -131,11 +132,31 @@ STUDY = "loracls"
 TRIAL_NUMBER = "optuna_trial"  # the Optuna trial's number, beside its values in a Ray trial's params
 
 
-def _trial_configs(bases: list[Config], names: list[str], values: dict, tune_dir: Path, number: int):
-    trial_values = {**values, "baseline": False, "merge": False, "output_dir": str(tune_dir)}
+@dataclass(frozen=True)
+class Tuning:
+    """One search: a config per data set (`bases`, named by `names`), the searched `dims`, the tune directory the
+    trials' runs go to, the job a trial runs (`train(config, log)`) and where it says what it did."""
+
+    bases: list[Config]
+    names: list[str]
+    dims: list[Dimension]
+    tune_dir: Path
+    train: Callable
+    log: Log = print
+
+    @classmethod
+    def of(cls, bases: list[Config], names: list[str], dims: list[Dimension], train: Callable, log: Log = print):
+        """The search of `loracls tune`: its directory is the first config's output_dir / run_name (or tune)."""
+        first = bases[0]
+        tune_dir = (Path(first.output_dir) / (first.run_name or "tune")).resolve()
+        return cls(bases, names, dims, tune_dir, train, log)
+
+
+def _trial_configs(tuning: Tuning, values: dict, number: int):
+    trial_values = {**values, "baseline": False, "merge": False, "output_dir": str(tuning.tune_dir)}
     return [
         (name, from_dict({**trial_values, "run_name": _run_name(number, name)}, base=base))
-        for base, name in zip(bases, names)
+        for base, name in zip(tuning.bases, tuning.names)
     ]
 
 
@@ -143,14 +164,14 @@ def _run_name(number: int, name: str) -> str:
     return f"trial{number:03d}-{name}"
 
 
-def _trial_scores(bases, names, values: dict, tune_dir: Path, number: int, train, log) -> dict[str, float]:
+def _trial_scores(tuning: Tuning, values: dict, number: int) -> dict[str, float]:
     """Train the trial's run on every data set (a run finished before is read, not retrained); the best
     validation score of each."""
     scores = {}
-    for name, config in _trial_configs(bases, names, values, tune_dir, number):
-        run = tune_dir / config.run_name
+    for name, config in _trial_configs(tuning, values, number):
+        run = tuning.tune_dir / config.run_name
         if not (run / runs.METRICS).is_file():
-            train(config, log)
+            tuning.train(config, tuning.log)
         scores[name] = validation_score(run, config.select_by)
     return scores
 
@@ -177,22 +198,19 @@ def _sampler(seed: int, study):
     return optuna.samplers.TPESampler(seed=seed + len(study.trials))
 
 
-def run_tune(
-    bases: list[Config], names: list[str], dims: list[Dimension], trials: int, train, log: Log = print, ray=None
-) -> Path:
+def run_tune(tuning: Tuning, trials: int, ray=None) -> Path:
     """Run the study (continuing one already in the tune directory), here or (`ray`: RayOptions) as Ray
     Tune trials; returns the tune directory."""
-    _check_space(bases, dims)
-    first = bases[0]
-    tune_dir = (Path(first.output_dir) / (first.run_name or "tune")).resolve()
+    _check_space(tuning.bases, tuning.dims)
+    first, tune_dir = tuning.bases[0], tuning.tune_dir
     tune_dir.mkdir(parents=True, exist_ok=True)
     with runs.hold(tune_dir):  # one driver a study: a trial still RUNNING in study.db was cut off
         study = _open_study(tune_dir, first.seed)
-        _fail_cut_off(study, log)
+        _fail_cut_off(study, tuning.log)
         if not study.trials:
-            _enqueue_own_settings(study, first, dims, log)
-        _optimize(study, bases, names, dims, tune_dir, trials, train, log, ray)
-        _write_results(_open_study(tune_dir, first.seed), tune_dir, dims, names, bases)
+            _enqueue_own_settings(study, first, tuning.dims, tuning.log)
+        _optimize(study, tuning, trials, ray)
+        _write_results(_open_study(tune_dir, first.seed), tuning)
     return tune_dir
 
 
@@ -206,12 +224,14 @@ def _fail_cut_off(study, log) -> None:
         log(f"tune: trial {trial.number} was cut off before it finished (its driver stopped); marked failed")
 
 
-def _optimize(study, bases, names, dims, tune_dir: Path, trials: int, train, log, ray) -> None:
+def _optimize(study, tuning: Tuning, trials: int, ray) -> None:
     import optuna
 
+    dims, log = tuning.dims, tuning.log
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     log(
-        f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(bases)} data set(s) in {tune_dir}"
+        f"tune: {trials} trials over {', '.join(d.key for d in dims)} on {len(tuning.bases)} data set(s) in "
+        + str(tuning.tune_dir)
         + (f" ({done} done before)" if done else "")
         + (f" on Ray, {ray.cpus_per_trial} CPU(s) / {ray.gpus_per_trial:g} GPU(s) a trial" if ray else "")
     )
@@ -219,7 +239,7 @@ def _optimize(study, bases, names, dims, tune_dir: Path, trials: int, train, log
 
     def objective(trial) -> float:
         values = {dim.key: dim.suggest(trial) for dim in dims}
-        scores = _trial_scores(bases, names, values, tune_dir, trial.number, train, log)
+        scores = _trial_scores(tuning, values, trial.number)
         mean = sum(scores.values()) / len(scores)
         log(f"tune: trial {trial.number}: {values} -> mean validation {mean:.4f}")
         return mean
@@ -227,7 +247,7 @@ def _optimize(study, bases, names, dims, tune_dir: Path, trials: int, train, log
     if ray is None:
         study.optimize(objective, n_trials=remaining, catch=())
     elif remaining:
-        _optimize_on_ray(study, bases, names, dims, tune_dir, remaining, train, ray, log)
+        _optimize_on_ray(study, tuning, remaining, ray)
 
 
 def _enqueue_own_settings(study, base: Config, dims: list[Dimension], log) -> None:
@@ -254,22 +274,24 @@ def _suggest_numbered(dims: list[Dimension], trial) -> dict:
     return {TRIAL_NUMBER: trial.number}
 
 
-def _ray_trial(params: dict, bases, names, dims, tune_dir: str, train, threads: int, cwd: str) -> dict:
+def _ray_trial(params: dict, tuning: Tuning, threads: int, cwd: str) -> dict:
     """One Ray Tune trial: the sampled values decoded, a run per data set with the trial's CPU threads."""
     from loracls.jobs.ray_trials import in_trial_dir
 
     in_trial_dir(cwd)
-    values = {dim.key: dim.decode(params[dim.key]) for dim in dims}
+    values = {dim.key: dim.decode(params[dim.key]) for dim in tuning.dims}
     number = params[TRIAL_NUMBER]
-    scores = _trial_scores(bases, names, values | {"threads": threads}, Path(tune_dir), number, train, quiet)
+    scores = _trial_scores(replace(tuning, log=quiet), values | {"threads": threads}, number)
     return {"mean_validation": sum(scores.values()) / len(scores), "trial_number": number}
 
 
-def _optimize_on_ray(study, bases, names, dims, tune_dir: Path, remaining: int, train, ray, log) -> None:
+def _optimize_on_ray(study, tuning: Tuning, remaining: int, ray) -> None:
     import optuna
 
     from loracls.hardware import ray_session
-    from loracls.jobs.ray_trials import run_trials
+    from loracls.jobs.ray_trials import TrialSearch, run_trials
+
+    dims, tune_dir = tuning.dims, tuning.tune_dir
 
     with ray_session(ray.address, os.cpu_count(), "tune --engine ray"):
         from ray.tune.search.optuna import OptunaSearch
@@ -278,37 +300,24 @@ def _optimize_on_ray(study, bases, names, dims, tune_dir: Path, remaining: int, 
             space=functools.partial(_suggest_numbered, dims),
             metric="mean_validation",
             mode="max",
-            sampler=_sampler(bases[0].seed, study),
+            sampler=_sampler(tuning.bases[0].seed, study),
             study_name=STUDY,
             storage=optuna.storages.RDBStorage(f"sqlite:///{tune_dir / 'study.db'}"),
         )
-        arguments = dict(
-            bases=bases,
-            names=names,
-            dims=dims,
-            tune_dir=str(tune_dir),
-            train=train,
-            threads=ray.cpus_per_trial,
-            cwd=os.getcwd(),
-        )
-        results = run_trials(
-            _ray_trial,
-            arguments,
-            tune_dir,
-            ray,
-            search_alg=searcher,
-            num_samples=remaining,
-            command="tune --engine ray",
-        )
+        arguments = dict(tuning=tuning, threads=ray.cpus_per_trial, cwd=os.getcwd())
+        search = TrialSearch(algorithm=searcher, samples=remaining, command="tune --engine ray")
+        results = run_trials(_ray_trial, arguments, tune_dir, ray, search)
     for result in sorted(results, key=lambda r: r["trial_number"]):
         values = {dim.key: dim.decode(result["config"][dim.key]) for dim in dims}
-        log(f"tune: trial {result['trial_number']}: {values} -> mean validation {result['mean_validation']:.4f}")
+        tuning.log(f"tune: trial {result['trial_number']}: {values} -> mean validation {result['mean_validation']:.4f}")
 
 
-def _write_results(study, tune_dir: Path, dims: list[Dimension], names: list[str], bases: list[Config]) -> None:
+def _write_results(study, tuning: Tuning) -> None:
     """results.csv / results.md (every complete trial, best first in the markdown) and best.yaml; each data
     set's score read from its run."""
     import optuna
+
+    tune_dir, dims, names, bases = tuning.tune_dir, tuning.dims, tuning.names, tuning.bases
 
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     columns = ["trial", *[d.key for d in dims], *[f"validation_{n}" for n in names], "mean_validation", "seconds"]

@@ -124,9 +124,22 @@ def check_max_length(model_dir: Path, max_length: int) -> None:
         )
 
 
-def head_options(config) -> dict:
-    """The head-shaping settings of a run's config, as load_classifier takes them."""
-    return {"pooling": config.pooling, "bidirectional": config.bidirectional_attention}
+@dataclass(frozen=True)
+class HeadSpec:
+    """The classification head a decoder gets: for which `problem` (its loss and saved problem_type), how it
+    starts (`init`: zero, or transformers' random init), what it reads (`pooling`: the last token, or the mean
+    over the text's tokens) and whether the family's attention is switched to `bidirectional`."""
+
+    problem: str = "single_label"
+    init: str = "zero"
+    pooling: str = "last"
+    bidirectional: bool = False
+
+    @classmethod
+    def of(cls, config) -> HeadSpec:
+        """A run's head (a verbalizer head starts at zero and is filled from the label words afterwards)."""
+        init = "random" if config.head_init == "random" else "zero"
+        return cls(config.problem, init, config.pooling, config.bidirectional_attention)
 
 
 def load_classifier(
@@ -135,14 +148,12 @@ def load_classifier(
     dtype: torch.dtype = torch.float32,
     log: Log = print,
     quantization: str = "none",
-    head_init: str = "zero",
-    problem: str = "single_label",
-    pooling: str = "last",
-    bidirectional: bool = False,
+    head: HeadSpec = HeadSpec(),
 ) -> LoadedModel:
-    """Base decoder + a new classification head (zeros, or transformers' random init) reading the last token
-    or (`pooling: mean`) the mean over the text's tokens; `bidirectional` switches the family's attention to
-    bidirectional where its config has that switch. Refuses checkpoints missing weights beyond the head."""
+    """Base decoder + a new classification head (`head`: zeros or transformers' random init, reading the last
+    token or the mean over the text's tokens, bidirectional attention where the family's config has that
+    switch). Refuses checkpoints missing weights beyond the head."""
+    problem, pooling, bidirectional = head.problem, head.pooling, head.bidirectional
     tokenizer = load_tokenizer(model_dir, log)
     checkpoint = read_decoder(model_dir)
     config = checkpoint.config
@@ -172,7 +183,7 @@ def load_classifier(
         raise LoraclsError(f"cannot load model weights from {model_dir}: {first_line(exc)}") from None
     check_loaded_weights(info, model_dir)
     check_no_offload(model)
-    if head_init == "zero":
+    if head.init == "zero":
         zero_new_head(model, info)
     if quantization != "none":
         from peft import prepare_model_for_kbit_training

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,13 +23,24 @@ def left_padded(sequences: list[list[int]], pad_id: int) -> dict[str, torch.Tens
     return {"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
+@dataclass(frozen=True)
+class LabelPrompt:
+    """The prompt each label word is scored after: `template` with {text} (cut to `max_length` tokens) and
+    {choices} (the words, comma-separated)."""
+
+    template: str
+    words: list[str]
+    max_length: int
+
+
 class LabelScorer:
     """Each label's verbalizer scored by log-probability after a prompt, from one pass over the prompts:
     the zero-shot baseline's scorer, and the label scorer of `label_and_comment` runs."""
 
-    def __init__(self, model, tokenizer, template: str, words: list[str], max_length: int, batch_size: int, runtime):
-        self.model, self.tokenizer, self.template = model, tokenizer, template
-        self.max_length, self.batch_size, self.runtime = max_length, batch_size, runtime
+    def __init__(self, model, tokenizer, prompt: LabelPrompt, batch_size: int, runtime):
+        self.model, self.tokenizer, self.template = model, tokenizer, prompt.template
+        self.max_length, self.batch_size, self.runtime = prompt.max_length, batch_size, runtime
+        words = prompt.words
         self.choices = ", ".join(words)
         self.verbalizer_ids = [tokenizer(" " + w, add_special_tokens=False)["input_ids"] for w in words]
         if any(len(ids) == 0 for ids in self.verbalizer_ids):

@@ -25,23 +25,21 @@ from peft import PeftModel
 from loracls.config import Config
 from loracls.data.batching import Encoded, TextEncoder, TrainSet, check_texts_have_tokens
 from loracls.data.splits import Dataset, Split, class_weight_vector
-from loracls.errors import LoraclsError, first_line, quiet
+from loracls.errors import Log, LoraclsError, first_line, quiet
 from loracls.hardware import Runtime
 from loracls.metrics import comment_scores
 from loracls.model.checkpoint import load_causal_lm
-from loracls.model.classifier import check_max_length, head_options, init_head_from_verbalizers, load_classifier
+from loracls.model.classifier import HeadSpec, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.generation import Decoding, Generated, comments_after_labels
-from loracls.model.label_scoring import LabelScorer
+from loracls.model.label_scoring import LabelPrompt, LabelScorer
 from loracls.model.lora import LoraReport, LoraSpec, apply_causal_lora, apply_lora
-from loracls.model.scoring import evaluate, predict_logits
+from loracls.model.scoring import Batching, evaluate, predict_logits
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import Decision, Evaluation, Problem, evaluation, training_sequence
 from loracls.problems.label_and_comment import COMMENT_SEPARATOR, label_words, prompt_template
 from loracls.runs import CommentMetrics, UntrainedRecord
 
 __all__ = ["Built", "Setup", "Scorer", "HeadScorer", "LabelWordScorer", "UntrainedRecord", "scorer_for"]
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -122,11 +120,10 @@ class HeadScorer:
         config, dataset, log = setup.config, setup.dataset, setup.log
         check_max_length(setup.model_dir, config.max_length)
         torch.manual_seed(config.seed)  # head init, LoRA init and dropout follow the seed
-        head_init = "random" if config.head_init == "random" else "zero"
+        head = HeadSpec.of(config)
         loaded = load_classifier(
-            setup.model_dir, dataset.id2label, log=log, quantization=config.quantization, head_init=head_init,
-            problem=config.problem, **head_options(config),
-        )  # fmt: skip
+            setup.model_dir, dataset.id2label, log=log, quantization=config.quantization, head=head
+        )
         if head_words is not None:
             _verbalizer_head(loaded, head_words, log)
         model, lora = apply_lora(loaded.model, LoraSpec.of(config), log)
@@ -158,16 +155,12 @@ class HeadScorer:
             split=setup.dataset.validation,
             id2label=setup.dataset.id2label,
             decision=Decision(setup.config.problem),  # thresholds are tuned after training: 0.5 until then
-            pad_id=built.tokenizer.pad_token_id,
-            batch_size=setup.config.eval_batch_size,
-            runtime=setup.runtime,
+            batching=_batching(setup, built),
         )
 
     def logits(self, setup: Setup, built: Built, split: str) -> np.ndarray:
-        encoded, pad = built.encoded[split], built.tokenizer.pad_token_id
-        return encoded.per_text(
-            predict_logits(built.model, encoded.ids, pad, setup.config.eval_batch_size, setup.runtime)
-        )
+        encoded = built.encoded[split]
+        return encoded.per_text(predict_logits(built.model, encoded.ids, _batching(setup, built)))
 
     def untrained(self, setup: Setup, built: Built) -> UntrainedRecord | None:
         return None  # a new head says nothing: the ladder's zero-shot prompt is the untrained rung
@@ -176,7 +169,7 @@ class HeadScorer:
         return None
 
     def load(self, config: Config, model_dir: Path, id2label: dict[int, str], adapter: Path) -> tuple:
-        loaded = load_classifier(model_dir, id2label, log=quiet, problem=config.problem, **head_options(config))
+        loaded = load_classifier(model_dir, id2label, log=quiet, head=HeadSpec.of(config))
         return _adapter_on(loaded.model, adapter), loaded.tokenizer
 
 
@@ -288,12 +281,14 @@ class LabelWordScorer:
         return _adapter_on(load_causal_lm(model_dir), adapter), tokenizer
 
 
+def _batching(setup: Setup, built: Built) -> Batching:
+    return Batching(built.tokenizer.pad_token_id, setup.config.eval_batch_size, setup.runtime)
+
+
 def _label_scorer(setup: Setup, built: Built) -> LabelScorer:
     config = setup.config
-    return LabelScorer(
-        built.model, built.tokenizer, prompt_template(config.input_template), built.words, config.max_length,
-        config.eval_batch_size, setup.runtime,
-    )  # fmt: skip
+    prompt = LabelPrompt(prompt_template(config.input_template), built.words, config.max_length)
+    return LabelScorer(built.model, built.tokenizer, prompt, config.eval_batch_size, setup.runtime)
 
 
 def label_logprobs(setup: Setup, built: Built, texts: list[str]) -> np.ndarray:

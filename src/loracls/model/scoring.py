@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,17 +43,22 @@ def batched_logits(
     return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How token ids go through a torch model: padded with `pad_id`, `batch_size` rows a pass, on `runtime`'s
+    device under its autocast."""
+
+    pad_id: int
+    batch_size: int
+    runtime: object
+
+
 @torch.inference_mode()
 def predict_logits(
-    model,
-    ids: list[list[int]],
-    pad_id: int,
-    batch_size: int,
-    runtime,
-    progress: bool = False,
-    max_tokens: int | None = None,
+    model, ids: list[list[int]], batching: Batching, progress: bool = False, max_tokens: int | None = None
 ) -> np.ndarray:
     """A torch model's logits for `ids` (see batched_logits), under the runtime's device and autocast."""
+    runtime = batching.runtime
 
     def forward(batch: dict) -> np.ndarray:
         with runtime.autocast:
@@ -65,32 +71,23 @@ def predict_logits(
     was_training = model.training
     model.eval()
     try:
-        return batched_logits(ids, pad_id, batch_size, forward, progress, max_tokens)
+        return batched_logits(ids, batching.pad_id, batching.batch_size, forward, progress, max_tokens)
     finally:
         model.train(was_training)
 
 
-def predict_probabilities(
-    model, ids: list[list[int]], pad_id: int, batch_size: int, runtime, progress: bool = False
-) -> np.ndarray:
+def predict_probabilities(model, ids: list[list[int]], batching: Batching, progress: bool = False) -> np.ndarray:
     """Softmax probabilities [n, num_labels] (float64) in the input order."""
-    logits = predict_logits(model, ids, pad_id, batch_size, runtime, progress)
+    logits = predict_logits(model, ids, batching, progress)
     return softmax(logits) if len(logits) else np.zeros((0, 0))
 
 
 def evaluate(
-    model,
-    encoded: Encoded,
-    split: Split,
-    id2label: dict[int, str],
-    decision: Decision,
-    pad_id: int,
-    batch_size: int,
-    runtime,
+    model, encoded: Encoded, split: Split, id2label: dict[int, str], decision: Decision, batching: Batching
 ) -> Evaluation:
     """A model on one labelled split: its logits (windows of a long text averaged), the decision's
     probabilities, then the metrics record, loss and rows (`problems.evaluation`). Pure: writes nothing."""
-    logits = encoded.per_text(predict_logits(model, encoded.ids, pad_id, batch_size, runtime))
+    logits = encoded.per_text(predict_logits(model, encoded.ids, batching))
     return evaluation(split.texts, split.labels, decision.probabilities(logits), id2label, decision)
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from loracls import files
 from loracls.errors import LoraclsError, first_line
 from loracls.training import distributed
+from loracls.training.plan import Optimization
 
 FORMAT = 2
 _STRICT = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
@@ -106,8 +107,9 @@ def _optimizer_state(model, optimizer, sharded: bool) -> dict:
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save(path: Path, model, optimizer, scheduler, scaler, loop: dict, trainable: dict, best_state: dict) -> None:
+def save(path: Path, model, opt: Optimization, loop: dict, trainable: dict, best_state: dict) -> None:
     """Every process calls (each one's RNG state is kept; a sharded model's state is gathered); rank 0 writes."""
+    optimizer = opt.optimizer
     sharded = distributed.is_sharded(model)
     rng = distributed.gather_object(rng_state())  # ranks draw different amounts (dropout)
     if not (sharded or distributed.is_main()):
@@ -122,8 +124,8 @@ def save(path: Path, model, optimizer, scheduler, scaler, loop: dict, trainable:
         "trainable": trainable,
         "best_state": best_state,
         "optimizer": optimizer_state,
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
+        "scheduler": opt.scheduler.state_dict(),
+        "scaler": opt.scaler.state_dict(),
         "rng": rng,
     }
     files.write_file_atomically(path, lambda tmp: torch.save(payload, tmp), "the checkpoint")
@@ -181,8 +183,9 @@ def check_fits(payload: dict, trainable: dict[str, torch.Tensor], path: Path) ->
             )
 
 
-def restore(payload: dict, model, optimizer, scheduler, scaler) -> None:
+def restore(payload: dict, model, opt: Optimization) -> None:
     """Optimizer, scheduler, scaler and this process's RNG state from a checkpoint read by `read`."""
+    optimizer, scheduler, scaler = opt.optimizer, opt.scheduler, opt.scaler
     if distributed.is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

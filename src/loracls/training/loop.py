@@ -19,7 +19,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -117,10 +116,11 @@ class LoopState:
 class Trainer:
     def __init__(
         self, model, train: TrainSet, evaluate: Callable[[torch.nn.Module], Evaluation], config: Config, runtime,
-        run: Path, logger: RunLogger,
+        logger: RunLogger,
     ):  # fmt: skip
+        """`logger` writes the run directory's train log; the checkpoint and the best adapter go beside it."""
         self.model, self.train_set, self.evaluate = model, train, evaluate
-        self.config, self.runtime, self.run, self.logger = config, runtime, run, logger
+        self.config, self.runtime, self.run, self.logger = config, runtime, logger.run, logger
         self.world, self.rank = distributed.world_size(), distributed.rank()
         self.sharded = distributed.is_sharded(model)
         self.plan = make_plan(len(train.ids), config, runtime.device, self.world)
@@ -137,17 +137,15 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self.state.log_lines = self.logger.lines
-        opt = self.opt
         loop = dataclasses.asdict(self.state)
-        parts = (self.model, opt.optimizer, opt.scheduler, opt.scaler, loop, self._trainable(), self.best_state)
-        checkpoint.save(self.run / runs.CHECKPOINT, *parts)
+        checkpoint.save(self.run / runs.CHECKPOINT, self.model, self.opt, loop, self._trainable(), self.best_state)
 
     def load_checkpoint(self) -> None:
         payload = checkpoint.read(self.run / runs.CHECKPOINT)
         checkpoint.check_fits(payload, self._trainable(), self.run / runs.CHECKPOINT)
         self.state, self.best_state = LoopState.from_dict(payload["loop"]), payload["best_state"]
         self._set_trainable(payload["trainable"])
-        checkpoint.restore(payload, self.model, self.opt.optimizer, self.opt.scheduler, self.opt.scaler)
+        checkpoint.restore(payload, self.model, self.opt)
         self.logger.rewind(self.state.log_lines)
         self.logger.resumed(self.state.step, self.state.epoch, self.state.stopping)
 
