@@ -15,6 +15,10 @@ from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from loracls.errors import LoraclsError, shown
+from loracls.problems import PROBLEMS
+
+# the problem names are the registry's (problems/): a new Problem registered is a new value here
+ProblemName = Literal[tuple(PROBLEMS)]  # type: ignore[valid-type]
 
 EMBEDDED_MODEL = "embedded:gemma3-270m"
 EMBEDDED_DATA = "embedded:rotten_tomatoes"
@@ -41,10 +45,8 @@ class Config:
     text_column: str = _help("text", "the column that holds the text")
     label_column: str = _help("label", "the column that holds the label (multi_label: the label set)")
     labels: list[str] | None = _help(None, "label names in id order; default: sorted names found in the data")
-    problem: Literal["single_label", "multi_label", "label_and_comment"] = _help(
-        "single_label",
-        "single_label: one label a text (softmax); multi_label: a set, maybe empty (sigmoid); "
-        "label_and_comment: one label a text, scored by the causal LM, and a short generated comment",
+    problem: ProblemName = _help(
+        "single_label", "; ".join(f"{name}: {kind.summary}" for name, kind in PROBLEMS.items())
     )
     label_separator: str | None = _help(None, 'multi_label: splits a text label cell ("a|b"); lists need none')
     comment_column: str | None = _help(None, "label_and_comment: the column that holds each text's reference comment")

@@ -77,6 +77,7 @@ class Problem(ABC):
     """One problem type. Labels in a split are what `label_ids` returns: an id, or a sorted list of ids."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what it predicts, in a few words: the config's help for `problem`
     hf_problem_type: ClassVar[str]  # saved in the model config: transformers' pipeline reads it
     accuracy_name: ClassVar[str]  # what `accuracy` of its metrics record means, in words
     score_names: ClassVar[tuple[str, ...]]  # the scores a verdict table shows, in words

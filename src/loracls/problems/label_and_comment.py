@@ -67,6 +67,7 @@ def _looks_like_a_set(cell) -> bool:
 @register
 class LabelAndComment(SingleLabel):
     name = "label_and_comment"
+    summary = "one label a text, scored by the causal LM, and a short generated comment"
     hf_problem_type = "single_label_classification"  # not a classifier: the merged model is the causal LM
     zero_shot_unsupported = None
     scorer = "label_words"

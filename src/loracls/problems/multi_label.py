@@ -117,6 +117,7 @@ def _check_one_format(cells, source: str) -> None:
 @register
 class MultiLabel(Problem):
     name = "multi_label"
+    summary = "a set, maybe empty (sigmoid)"
     hf_problem_type = "multi_label_classification"
     accuracy_name = "subset accuracy"
     score_names = ("subset accuracy", "micro F1", "macro F1")

@@ -16,6 +16,7 @@ from loracls.problems.base import Decision, Problem, register
 @register
 class SingleLabel(Problem):
     name = "single_label"
+    summary = "one label a text (softmax)"
     hf_problem_type = "single_label_classification"
     accuracy_name = "accuracy"
     score_names = ("accuracy", "macro F1")
