@@ -134,10 +134,10 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
     scorer = scorer_for(problem_for(config.problem))
-    _check_rungs(config, dataset, runtime, rungs_of(config, scorer.name), log)
-    config = _prompt_as_input(config, dataset)
+    prompt = _check_rungs(config, dataset, runtime, rungs_of(config, scorer.name), log)
+    config = _prompt_as_input(config, prompt)
     setup = Setup(config, dataset, resolve_model_dir(config.model, log), runtime, log)
-    built = scorer.build(setup, _head_words(config, dataset))
+    built = scorer.build(setup, prompt[1] if config.head_init == "verbalizer" else None)
     sharded = config.data_parallel == "fsdp" and distributed.world_size() > 1
     attention = apply_speedups(built.model, runtime, config.quantization != "none", sharded)
     check_finite_forward(built.model, built.probe, built.tokenizer.pad_token_id, runtime)
@@ -147,27 +147,26 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     return Job(setup, scorer, built, run, resume_dir is not None, attention)
 
 
-def _check_rungs(config: Config, dataset: Dataset, runtime: Runtime, rungs: list[str], log) -> None:
-    """A bad prompt, verbalizer or encoder is refused before anything is written."""
+def _check_rungs(
+    config: Config, dataset: Dataset, runtime: Runtime, rungs: list[str], log
+) -> tuple[str, list[str]] | None:
+    """A bad prompt, verbalizer or encoder is refused before anything is written. Returns the zero-shot prompt
+    and its label words where the zero-shot rung or a verbalizer head needs them (read once, here)."""
     check_verbalizers(config, dataset.id2label)
-    if "zero_shot_prompt" in rungs and problem_for(config.problem).zero_shot_unsupported is None:
-        prompt_setup(config, dataset.id2label)
+    zero_shot = "zero_shot_prompt" in rungs and problem_for(config.problem).zero_shot_unsupported is None
+    prompt = prompt_setup(config, dataset.id2label) if zero_shot or config.head_init == "verbalizer" else None
     if "encoder" in rungs and distributed.is_main():
         for spec in encoder_specs(config, runtime):
             check_encoder(spec, log)
+    return prompt
 
 
-def _head_words(config: Config, dataset: Dataset) -> list[str] | None:
-    """head_init: verbalizer: the label words whose LM head rows start the head."""
-    return prompt_setup(config, dataset.id2label)[1] if config.head_init == "verbalizer" else None
-
-
-def _prompt_as_input(config: Config, dataset: Dataset) -> Config:
+def _prompt_as_input(config: Config, prompt: tuple[str, list[str]] | None) -> Config:
     """head_init: verbalizer reads the label word's logits after the zero-shot prompt: without an input_template
     of its own the classifier then reads that prompt (its {choices} filled in)."""
     if config.head_init != "verbalizer" or config.input_template is not None:
         return config
-    template, words = prompt_setup(config, dataset.id2label)
+    template, words = prompt
     choices = ", ".join(words).replace("{", "{{").replace("}", "}}")  # the words are text, not fields
     return from_dict({"input_template": template.replace("{choices}", choices)}, base=config)
 
