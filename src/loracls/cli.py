@@ -71,8 +71,8 @@ def cmd_predict(args) -> None:
         else:
             sys.stdout.write("".join(files.json_line(row) + "\n" for row in rows))
         return
-    run = runs.check_run_dir(args.run)
-    text_column = runs.read_config(run).text_column
+    run = runs.owning_run(runs.check_model_dir(args.run))
+    text_column = runs.read_config(run).text_column if run is not None else "text"
 
     def make_score():  # called once the input file (and the output) are checked
         return predictor(args.run, _engine_options(args), log)
@@ -96,10 +96,15 @@ def _predict_with_ray(args) -> None:
 
 
 def cmd_serve(args) -> None:
+    from loracls import runs
     from loracls.inference.loaded import engine_for
     from loracls.inference.server import ServeLimits, serve
 
-    if len(args.run) > 1:  # several runs on one base: the base loaded once, each run's LoRA unmerged
+    if len(args.run) > 1 and any(runs.owning_run(Path(p)) != Path(p) for p in args.run):
+        from loracls.inference.group import EngineGroup  # exported models (a student) beside runs: side by side
+
+        classifier = EngineGroup([engine_for(p, _engine_options(args, args.max_batch_size), log) for p in args.run])
+    elif len(args.run) > 1:  # several runs on one base: the base loaded once, each run's LoRA unmerged
         from loracls.inference.adapters import AdapterSet
 
         if args.engine != "torch":
@@ -123,7 +128,10 @@ def cmd_export(args) -> None:
         raise LoraclsError("export --quantize int8 applies to --format onnx")
     if args.format == "merged" and args.out:
         raise LoraclsError("export --format merged writes RUN/merged; --out is for onnx")
-    with runs.hold(runs.check_run_dir(args.run)):  # one writer per run directory
+    model = runs.check_model_dir(args.run)
+    if args.format == "merged" or runs.owning_run(model) is None:  # a model folder's test split is its run's
+        runs.check_run_dir(args.run)
+    with runs.hold(runs.owning_run(model)):  # one writer per run directory
         if args.format == "onnx":
             from loracls.inference.onnx_export import export_onnx
 
@@ -217,6 +225,31 @@ def _ray_options(args):
     if importlib.util.find_spec("ray") is None:  # said before anything is written
         raise LoraclsError(f"{args.command} --engine ray needs the ray extra: pip install 'loracls[ray]'")
     return RayOptions(args.address, args.cpus_per_trial or 1, args.gpus_per_trial or 0)
+
+
+def cmd_distill(args) -> None:
+    from loracls import runs
+    from loracls.diagnostics.report import REPORT, write_report
+    from loracls.jobs.distill import DistillOptions, distill
+
+    options = DistillOptions(
+        student=args.student,
+        unlabeled=args.unlabeled,
+        weights=tuple(_numbers(args.weights, "--weights")),
+        learning_rate=args.learning_rate,
+        batch_size=args.batch_size,
+    )
+    distill(args.run, options, log)
+    if (Path(args.run) / REPORT).is_file():  # the report shows the verdict with the student's row
+        write_report(args.run)
+    print(Path(args.run) / runs.STUDENT)
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise LoraclsError(f"{flag}: numbers separated by commas, got {text!r}") from None
 
 
 def cmd_report(args) -> None:
@@ -341,6 +374,15 @@ def _trial_engine_options(parser) -> None:
 
 def _run_commands(sub) -> None:
     """Commands that start from a finished run (or a model): report, evaluate, predict, serve, export, modules."""
+    p = sub.add_parser("distill", help="teach a small encoder the run's probabilities; it joins the run's verdict")
+    p.add_argument("run")
+    p.add_argument("--student", default="minilm", help="minilm (default), mpnet-base, or an HF encoder directory")
+    p.add_argument("--unlabeled", metavar="FILE", help="texts the teacher labels too (CSV/JSONL/Parquet/TXT)")
+    p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")
+    p.add_argument("--learning-rate", type=float, help="default: the rate the run's encoder baseline chose")
+    p.add_argument("--batch-size", type=int, help="the teacher's texts a forward pass")
+    p.set_defaults(func=cmd_distill)
+
     p = sub.add_parser("report", help="one HTML page (and PNGs) for a finished run")
     p.add_argument("run")
     p.set_defaults(func=cmd_report)

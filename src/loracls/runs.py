@@ -42,6 +42,9 @@ CHECKPOINT = "checkpoint.pt"
 CALIBRATION = "loracls_calibration.json"  # inside adapter/: its InputFormat (the decision fitted on validation)
 INPUT_FORMAT = "loracls_input.json"  # beside an exported model (merged/, onnx/): the same InputFormat
 HEAD_BASELINE = "head_baseline"  # label_and_comment: the classification-head LoRA's own run, inside the run
+STUDENT = "student"  # distill: the student, exported (a standard sequence-classifier directory)
+STUDENT_RECORD = "student.json"  # distill: the student's record
+TEACHER_SCORES = "teacher_scores"  # distill: the teacher's probabilities, cached by chunk
 LOCK = ".loracls.lock"  # held (flock) by the one process that writes the run: train, export, sweep
 
 
@@ -307,6 +310,24 @@ def read_encoder(run: Path, index: int = 0) -> EncoderRecord:
 
 
 @dataclass
+class StudentRecord(EncoderRecord):
+    """student.json: the distilled encoder on the test split (the encoder record's fields; `learning_rates`
+    holds the grid of teacher weights, by weight), with its teacher and what it cost beside it."""
+
+    teacher_weight: float = 1.0  # the teacher's share of the loss, chosen on validation
+    training_texts: int = 0  # the training split's texts
+    unlabeled_texts: int = 0  # texts with the teacher's probabilities only
+    teacher_texts_per_second: float | None = None  # the teacher on the same test split, in the same process
+    agreement_with_teacher: float | None = None  # share of test texts where the two choose the same labels
+    export: ExportCheck | None = None  # the exported student read back as a user reads it
+    weights: dict[str, float] = field(default_factory=dict)  # teacher weight -> best validation score
+
+
+def read_student(run: Path) -> StudentRecord:
+    return read_record(run / STUDENT_RECORD, StudentRecord)
+
+
+@dataclass
 class InputFormat:
     """How callers must turn texts into inputs and logits into labels: the template and length trained
     with, what happens to longer texts, and the decision fitted on validation. One schema for
@@ -381,6 +402,29 @@ def new_run_dir(output_dir: str, run_name: str | None) -> Path:
         raise LoraclsError(f"run directory {path} already exists and is not empty (choose another run_name)")
     (path / PREDICTIONS).mkdir(parents=True, exist_ok=True)
     return path
+
+
+def owning_run(path: Path) -> Path | None:
+    """The run a path is or sits in as one of its exported models (RUN/merged, RUN/student); None otherwise."""
+    path = Path(path)
+    if (path / CONFIG).is_file():
+        return path
+    if path.name in (MERGED, STUDENT) and (path.parent / CONFIG).is_file():
+        return path.parent
+    return None
+
+
+def check_model_dir(path: str) -> Path:
+    """A finished run directory, or an exported model directory (RUN/merged, RUN/student, a copy of either)."""
+    model = Path(path)
+    if (model / CONFIG).exists():
+        return check_run_dir(path)
+    if not (model / "config.json").is_file():
+        raise LoraclsError(
+            f"{path} is neither a finished loracls run directory ({CONFIG} missing) nor an exported model "
+            f"directory (config.json missing)"
+        )
+    return model
 
 
 def check_resumable(path: str) -> Path:

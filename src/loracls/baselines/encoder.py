@@ -13,8 +13,10 @@ LoRA uses, so the two are compared on the same terms.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,10 +85,25 @@ class EncoderFit:
         limit = getattr(self.model.config, "max_position_embeddings", 512) or 512
         self.max_length = min(config.max_length, limit)
         self.ids = {
-            name: _encode(self.tokenizer, getattr(dataset, name).texts, self.max_length)
-            for name in ("train", "validation", "test")
+            name: _encode(self.tokenizer, self.texts(name), self.max_length) for name in ("train", "validation", "test")
         }
         self.decision = Decision(dataset.problem)
+
+    @property
+    def label(self) -> str:
+        """What the log calls it."""
+        return f"encoder {self.name}"
+
+    def texts(self, split: str) -> list[str]:
+        """The texts a split trains or scores on (a student trains on more than the training split's)."""
+        return getattr(self.dataset, split).texts
+
+    def loss(self, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """The batch's loss: the problem's own (cross-entropy, or BCE per label) on the gold labels."""
+        targets = self.dataset.kind.targets(
+            [self.dataset.train.labels[i] for i in rows], len(self.dataset.id2label), self.runtime.device
+        )
+        return self.dataset.kind.loss(logits, targets, None, len(rows))
 
     def logits(self, split: str) -> np.ndarray:
         batching = Batching(self.tokenizer.pad_token_id, self.config.eval_batch_size, self.runtime)
@@ -104,22 +121,19 @@ class EncoderFit:
         return self.dataset.kind.headline(scored.metrics)
 
     def _epoch(self, optimizer, scheduler, epoch: int) -> None:
-        split, config = self.dataset.train, self.config
+        config = self.config
         batches = length_grouped_batches(
             [len(x) for x in self.ids["train"]], config.encoder_batch_size, config.seed + epoch
         )
         self.model.train()
         for rows in batches:
             batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
-            targets = self.dataset.kind.targets(
-                [split.labels[i] for i in rows], len(self.dataset.id2label), self.runtime.device
-            )
             with self.runtime.autocast:
                 logits = self.model(
                     input_ids=batch["input_ids"].to(self.runtime.device),
                     attention_mask=batch["attention_mask"].to(self.runtime.device),
                 ).logits
-            loss = self.dataset.kind.loss(logits.float(), targets, None, len(rows))
+            loss = self.loss(rows, logits.float())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             optimizer.step()
@@ -138,7 +152,7 @@ class EncoderFit:
             self._epoch(optimizer, scheduler, epoch)
             curve.append(self.validation_score())
             self.log(
-                f"encoder {self.name} lr {learning_rate:g}: epoch {epoch}/{config.encoder_epochs}, "
+                f"{self.label} lr {learning_rate:g}: epoch {epoch}/{config.encoder_epochs}, "
                 f"validation {config.select_by} {abs(curve[-1]):.4f}"
             )
             if not best or curve[-1] > curve[best - 1]:
@@ -178,13 +192,28 @@ def learning_rates(config) -> list[float]:
     return list(rates) if isinstance(rates, list) else [rates]
 
 
-def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) -> EncoderRecord:
-    """Fine-tune `spec` once per learning rate of the grid (each from the same initial weights, the same seed),
-    keep the one with the best validation score, and score it on the test split."""
+@dataclass
+class Fitted:
+    """The best of a grid, calibrated on validation and scored on the test split: the fit (its model holds the
+    best epoch's weights), the decision fitted on validation, the test logits and what it all took."""
+
+    fit: EncoderFit
+    chosen: EncoderTry
+    tries: list[EncoderTry]
+    decision: Decision
+    calibration: object
+    test_logits: np.ndarray
+    train_seconds: float
+    texts_per_second: float
+
+
+def fit_best(candidates: list[tuple[Callable[[], EncoderFit], float]], seed: int) -> Fitted:
+    """Train every (make the fit, learning rate) candidate from the same seed, keep the best on validation,
+    fit its decision on validation and time its pass over the test split."""
     started, tries, best = time.perf_counter(), [], None
-    for rate in learning_rates(config):
-        torch.manual_seed(config.seed)  # the new head's init and dropout follow the seed
-        fit = EncoderFit(dataset, config, runtime, log, spec)
+    for make_fit, rate in candidates:
+        torch.manual_seed(seed)  # the new head's init and dropout follow the seed
+        fit = make_fit()
         tries.append(fit.train(rate))
         if best is None or tries[-1].score > best[1].score:
             best = (fit, tries[-1])
@@ -194,11 +223,35 @@ def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) 
     scored = time.perf_counter()
     test_logits = fit.logits("test")
     texts_per_second = len(fit.ids["test"]) / max(time.perf_counter() - scored, 1e-9)
+    dataset = fit.dataset
     decision, calibration = dataset.kind.fit_decision(
         validation_logits, dataset.validation.labels, test_logits, dataset.test.labels
     )
+    return Fitted(fit, chosen, tries, decision, calibration, test_logits, train_seconds, texts_per_second)
+
+
+def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) -> EncoderRecord:
+    """Fine-tune `spec` once per learning rate of the grid (each from the same initial weights, the same seed),
+    keep the one with the best validation score, and score it on the test split."""
+    make_fit = functools.partial(EncoderFit, dataset, config, runtime, log, spec)
+    fitted = fit_best([(make_fit, rate) for rate in learning_rates(config)], config.seed)
+    record = encoder_record(fitted, spec, config)
+    _say(record, dataset, log)
+    return record
+
+
+def encoder_record(fitted: Fitted, spec: str, config) -> EncoderRecord:
+    """What a fitted encoder measured: its grid, its curve, its test metrics and its cost."""
+    fit, chosen, tries, decision, calibration = (
+        fitted.fit,
+        fitted.chosen,
+        fitted.tries,
+        fitted.decision,
+        fitted.calibration,
+    )
+    dataset, test_logits = fit.dataset, fitted.test_logits
     parameters = sum(p.numel() for p in fit.model.parameters())
-    record = EncoderRecord(
+    return EncoderRecord(
         model=spec,
         epochs=len(chosen.curve),
         best_epoch=chosen.best_epoch,
@@ -207,8 +260,8 @@ def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) 
         test=dataset.kind.metrics(dataset.test.labels, decision.probabilities(test_logits), dataset.id2label, decision),
         temperature=decision.temperature,
         test_ece=None if calibration is None else calibration.after.ece,
-        train_seconds=train_seconds,
-        texts_per_second=texts_per_second,
+        train_seconds=fitted.train_seconds,
+        texts_per_second=fitted.texts_per_second,
         parameters=parameters,
         trainable_parameters=sum(p.numel() for p in fit.model.parameters() if p.requires_grad),
         size_mb=parameters * 4 / 2**20,
@@ -217,8 +270,6 @@ def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) 
         learning_rates={f"{t.learning_rate:g}": t.score for t in tries},
         still_improving=chosen.best_epoch == config.encoder_epochs,
     )
-    _say(record, dataset, log)
-    return record
 
 
 def _say(record: EncoderRecord, dataset: Dataset, log) -> None:

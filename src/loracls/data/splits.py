@@ -303,3 +303,14 @@ def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
             f"(labels: {', '.join(names.values())})"
         )
     return [float(weights.get(names[i], 1.0)) for i in sorted(names)]
+
+
+def left_out_texts(config: Config, dataset: Dataset) -> list[str]:
+    """The data file's texts that are in none of the splits, in file order (made splits only: a train_size
+    below what the file holds leaves the rest out; given splits leave none). Their labels are not read: these
+    are the unlabeled texts `distill` scores with the teacher by default."""
+    if config.validation_data is not None:
+        return []
+    used = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
+    frame = _read_checked(config.data, config, [])
+    return [text for text in dict.fromkeys(frame["text"]) if text not in used]

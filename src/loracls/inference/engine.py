@@ -27,6 +27,7 @@ class Engine(Protocol):
     adapters on one base, a label_and_comment run). Nothing outside an engine asks it what it is."""
 
     name: str
+    source: str  # where its weights were read from, in words
     labels: list[str]
     id2label: dict[int, str]
     decision: Decision
@@ -153,7 +154,9 @@ class Classifier(RunFormat):
         except Exception as exc:
             raise LoraclsError(f"cannot load {directory} as a sequence classifier: {first_line(exc, 200)}") from None
         self.tokenizer = load_tokenizer(directory, log)
-        self.name, self.source = directory.name, str(directory)
+        run = runs.owning_run(directory)
+        inside = run is not None and directory.name == runs.STUDENT  # served beside its teacher: a distinct name
+        self.name, self.source = f"{run.name}-{directory.name}" if inside else directory.name, str(directory)
         self.id2label = {int(i): str(name) for i, name in self.model.config.id2label.items()}
         fmt = runs.InputFormat.read(directory / runs.INPUT_FORMAT)
         self.input_template, self.max_length, self.decision = fmt.input_template, fmt.max_length, fmt.decision

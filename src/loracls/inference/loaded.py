@@ -73,7 +73,7 @@ def predictor(
 ) -> Callable[[list[str]], list[dict]]:
     """texts -> prediction rows (`text`, `prediction`, `probabilities`; label_and_comment adds `comment`), with
     the run's model loaded once."""
-    runs.check_run_dir(run_path)
+    runs.check_model_dir(run_path)
     classifier = engine_for(run_path, options, log)
     if classifier.writes_comments:
         return classifier.predict

@@ -36,7 +36,8 @@ class OnnxClassifier(RunFormat):
         except ImportError:
             raise LoraclsError(f"--engine {engine} needs onnxruntime: pip install onnxruntime") from None
         source = Path(path)
-        folder = source / ONNX_DIR if (source / runs.CONFIG).is_file() else source
+        inside = (source / runs.CONFIG).is_file() or (source / ONNX_DIR / ENGINES["onnx"]).is_file()
+        folder = source / ONNX_DIR if inside else source  # a run's (or a model folder's) export, or the export
         file = folder / ENGINES[engine]
         if not file.is_file():
             quantize = " --quantize int8" if engine == "onnx-int8" else ""

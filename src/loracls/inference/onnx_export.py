@@ -157,9 +157,12 @@ def export_onnx(
 ) -> list[ExportCheck]:
     """The fp32 export's check, then (`quantize: int8`) the int8 model's."""
     _require_onnx()
-    run = runs.check_run_dir(run_path)
+    source = runs.check_model_dir(run_path)  # a run, or a model folder inside one (RUN/student)
+    run = runs.owning_run(source)
+    if run is None:
+        raise LoraclsError(f"export --format onnx checks on the run's test split: {run_path} is in no run directory")
     config = runs.read_config(run)
-    target = Path(out) if out else run / ONNX_DIR
+    target = Path(out) if out else source / ONNX_DIR
     if target.exists() and not target.is_dir():
         raise LoraclsError(f"{target} exists and is not a folder")
     if target.exists() and any(target.iterdir()):

@@ -1,0 +1,99 @@
+"""The student of `loracls distill`: an encoder (the same ones as the encoder baseline) fine-tuned on a
+teacher's calibrated probabilities, over the training split and any unlabeled texts, with the gold labels where
+they exist. Trained by the encoder baseline's rules (epochs until validation on the gold labels stops improving,
+warmup then linear decay, length-grouped batches), the teacher's share of the loss chosen on validation.
+
+The loss of a batch is `weight` x the problem's loss against the teacher's probabilities (single_label:
+cross-entropy to the soft targets, which is the KL divergence to the teacher plus the teacher's entropy, a
+constant; multi_label: BCE to each label's probability) plus (1 - `weight`) x the problem's loss against the
+gold labels of the batch's labelled texts (Hinton et al. 2015; DistilBERT). The teacher's probabilities are
+already calibrated (its fitted temperature), so no further temperature is applied.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from loracls.baselines.encoder import EncoderFit, Fitted, encoder_record, fit_best
+from loracls.data.splits import Dataset
+from loracls.errors import Log
+from loracls.runs import EncoderRecord, StudentRecord
+
+__all__ = ["Teaching", "StudentFit", "StudentSpec", "run_student"]
+
+
+@dataclass(frozen=True)
+class Teaching:
+    """What the student learns from: `texts` (the training split's, then the unlabeled ones), the teacher's
+    calibrated `probabilities` for each (one row a text), each text's `gold` label (None: unlabeled), and the
+    teacher's share of the loss (`weight`; the gold labels get the rest)."""
+
+    texts: list[str]
+    probabilities: np.ndarray
+    gold: list
+    weight: float = 1.0
+
+    @property
+    def unlabeled(self) -> int:
+        return sum(label is None for label in self.gold)
+
+
+class StudentFit(EncoderFit):
+    """An EncoderFit whose training texts and loss are the teaching's (see the module's loss)."""
+
+    def __init__(self, dataset: Dataset, config, runtime, log, spec: str, teaching: Teaching):
+        self.teaching, self.weight = teaching, teaching.weight
+        super().__init__(dataset, config, runtime, log, spec)
+
+    @property
+    def label(self) -> str:
+        return f"student {self.name} (teacher weight {self.weight:g})"
+
+    def texts(self, split: str) -> list[str]:
+        return self.teaching.texts if split == "train" else super().texts(split)
+
+    def loss(self, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        kind, device, labels = self.dataset.kind, self.runtime.device, len(self.dataset.id2label)
+        soft = torch.as_tensor(self.teaching.probabilities[rows], dtype=torch.float32, device=device)
+        loss = self.weight * kind.loss(logits, soft, None, len(rows))
+        gold = [(i, self.teaching.gold[row]) for i, row in enumerate(rows) if self.teaching.gold[row] is not None]
+        if gold and self.weight < 1:
+            targets = kind.targets([label for _, label in gold], labels, device)
+            picked = logits[torch.tensor([i for i, _ in gold], device=device)]
+            loss = loss + (1 - self.weight) * kind.loss(picked, targets, None, len(gold))
+        return loss
+
+
+@dataclass(frozen=True)
+class StudentSpec:
+    """Which student: the encoder (`minilm`, `mpnet-base` or an HF encoder directory), the teacher weights tried
+    (the best on validation is kept) and the learning rate."""
+
+    model: str
+    weights: tuple[float, ...]
+    learning_rate: float
+
+
+def run_student(
+    dataset: Dataset, config, runtime, student: StudentSpec, teaching: Teaching, log: Log = print
+) -> tuple[StudentRecord, Fitted]:
+    """Train the student once per teacher weight, from the same seed; keep the best on validation (gold
+    labels), calibrate it on validation and score it on the test split."""
+    spec, weights, rate = student.model, student.weights, student.learning_rate
+    make = functools.partial(StudentFit, dataset, config, runtime, log, spec)
+    fitted = fit_best([(functools.partial(make, replace(teaching, weight=w)), rate) for w in weights], config.seed)
+    base = encoder_record(fitted, spec, config)
+    scores = {f"{weight:g}": trained.score for weight, trained in zip(weights, fitted.tries)}
+    record = StudentRecord(
+        **{f.name: getattr(base, f.name) for f in fields(EncoderRecord)},
+        teacher_weight=fitted.fit.weight,
+        training_texts=len(teaching.texts) - teaching.unlabeled,
+        unlabeled_texts=teaching.unlabeled,
+        weights=scores,
+    )
+    record.learning_rates = {f"{rate:g}": fitted.chosen.score}
+    return record, fitted

@@ -1,0 +1,263 @@
+"""`loracls distill RUN [--student minilm|mpnet-base|DIR] [--unlabeled FILE]`: the run's calibrated classifier
+teaches a small encoder, which then stands beside it in the run's verdict and is served like a run.
+
+The story, top-down (the training job's phases: prepare, teach, fit, test, export, record, under the run's lock):
+1. prepare: the finished run, its config and data splits, the student (checked before anything is written), the
+   unlabeled texts (a file the user gives, read with predict's streaming reader, or else the data file's texts
+   the splits left out), and the teacher (the run's engine, as predict and serve load it).
+2. teach: the teacher's calibrated probabilities on the training split and the unlabeled texts, computed in
+   chunks and cached in `RUN/teacher_scores/` (keyed by the texts), so a repeated or interrupted distill does
+   not pay for them again.
+3. fit: `baselines/student.py` — the student trained on the teacher's probabilities blended with the gold
+   labels, once per teacher weight, the best kept on validation; calibrated on validation; tested.
+4. test: the teacher on the same test split in the same process: its speed beside the student's, and how often
+   the two agree.
+5. export: `RUN/student/`, a standard AutoModelForSequenceClassification directory with `loracls_input.json`
+   (the temperature folded into the head), written to staging, read back with plain transformers and compared
+   with the student in memory, swapped in only when it matches (`export_checked`).
+6. record: `RUN/student.json`, and a `student` row in metrics.json's verdict (the verdict decided again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loracls import files, runs
+from loracls.baselines.encoder import check_encoder
+from loracls.baselines.student import StudentSpec, Teaching, run_student
+from loracls.config import Config
+from loracls.data.splits import Dataset, left_out_texts, load_dataset
+from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts, text_chunks
+from loracls.errors import Log, LoraclsError, quiet
+from loracls.hardware import Runtime, setup_runtime
+from loracls.inference.engine import Engine
+from loracls.inference.export import compare_predictions, export_checked, refuse_unfaithful, save_text_layout
+from loracls.inference.loaded import EngineOptions, engine_for
+from loracls.model.classifier import load_standalone
+from loracls.model.lora import head_name
+from loracls.model.scoring import Batching, predict_logits
+from loracls.runs import StudentRecord
+from loracls.verdict import LadderRow, decide
+
+__all__ = ["DistillOptions", "distill", "STUDENT_ROW"]
+
+TEACHER_CHUNK = 512  # texts the teacher scores between two cache writes
+STUDENT_ROW = "student"
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """What `loracls distill` is asked for (the command line's flags)."""
+
+    student: str = "minilm"  # minilm | mpnet-base | an HF encoder directory
+    unlabeled: str | None = None  # a file of texts (the run's text column); None: the data's left-out texts
+    weights: tuple[float, ...] = (0.5, 1.0)  # the teacher's share of the loss, each tried, the best kept
+    learning_rate: float | None = None  # None: what the run's encoder baseline chose for this encoder, else 1e-4
+    batch_size: int | None = None  # the teacher's texts a forward pass; None: the run's eval_batch_size
+
+
+@dataclass
+class DistillJob:
+    run: Path
+    config: Config
+    dataset: Dataset
+    unlabeled: list[str]
+    teacher: Engine
+    runtime: Runtime
+    options: DistillOptions
+    log: Log
+
+
+def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log = print) -> StudentRecord:
+    """Distill the run's classifier into `options.student`; returns the student's record (also in the run)."""
+    with contextlib.ExitStack() as held:
+        job = _prepare(run_path, options, log, held)
+        teaching = _teach(job)
+        spec = StudentSpec(options.student, options.weights, _learning_rate(job))
+        record, fitted = run_student(job.dataset, job.config, job.runtime, spec, teaching, log)
+        _test_beside_teacher(job, record, fitted)
+        record.export = _export(job, fitted)
+        _record(job, record)
+    return record
+
+
+# --- the phases -------------------------------------------------------------------------------------
+
+
+def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.ExitStack) -> DistillJob:
+    """Everything checked before anything is written: the run, the options, the student, the unlabeled texts."""
+    run = runs.check_run_dir(run_path)
+    if not (run / runs.METRICS).is_file():
+        raise LoraclsError(f"distill: {run_path} has not finished ({runs.METRICS} missing); resume it first")
+    if not options.weights or any(not 0 < w <= 1 for w in options.weights):
+        raise LoraclsError(f"distill: each teacher weight must be > 0 and <= 1, got {list(options.weights)}")
+    if options.learning_rate is not None and not 0 < options.learning_rate < 1:
+        raise LoraclsError(f"distill: the learning rate must be > 0 and < 1, got {options.learning_rate}")
+    held.enter_context(runs.hold(run))
+    config = runs.read_config(run)
+    dataset = load_dataset(config)
+    check_encoder(options.student, log)
+    unlabeled = _unlabeled(options.unlabeled, config, dataset, log)
+    runtime = setup_runtime(config.device, config.precision, config.threads)
+    teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
+    log(f"distill: teacher {teacher.source}; student {options.student}")
+    return DistillJob(run, config, dataset, unlabeled, teacher, runtime, options, log)
+
+
+def _unlabeled(file: str | None, config: Config, dataset: Dataset, log: Log) -> list[str]:
+    """The unlabeled texts, without the splits' own texts (a test text taught by the teacher would be scored
+    against its own answer) and without repeats."""
+    if file is None:
+        texts = left_out_texts(config, dataset)
+        log(f"distill: {len(texts)} texts of {config.data} left out of the splits, scored by the teacher")
+        return texts
+    source = TextColumn(file, config.text_column)
+    check_texts(source, CHUNK_ROWS)
+    read = [text for chunk in text_chunks(source, CHUNK_ROWS) for text in chunk]
+    splits = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
+    texts = [text for text in dict.fromkeys(read) if text not in splits]
+    log(f"distill: {len(texts)} unlabeled texts from {file} ({len(read) - len(texts)} repeats or split texts left out)")
+    return texts
+
+
+def _teach(job: DistillJob) -> Teaching:
+    train = job.dataset.train
+    texts = list(train.texts) + job.unlabeled
+    probabilities = teacher_probabilities(job.teacher, texts, job.run / runs.TEACHER_SCORES, job.log)
+    return Teaching(texts, probabilities, list(train.labels) + [None] * len(job.unlabeled))
+
+
+def teacher_probabilities(teacher: Engine, texts: list[str], cache: Path, log: Log = print) -> np.ndarray:
+    """The teacher's calibrated probabilities for `texts`, chunk by chunk; each chunk is written to `cache` as it
+    is scored and read back by a later call over the same texts (another list of texts starts the cache anew)."""
+    key = {"texts_sha256": hashlib.sha256("\n\0".join(texts).encode()).hexdigest(), "texts": len(texts)}
+    key["chunk"] = TEACHER_CHUNK
+    manifest = cache / "key.json"
+    if manifest.is_file() and json.loads(manifest.read_text()) != key:
+        for part in cache.glob("part-*.npy"):
+            part.unlink()
+    cache.mkdir(exist_ok=True)
+    files.write_json(manifest, key)
+    parts, cached = [], 0
+    for index, start in enumerate(range(0, len(texts), TEACHER_CHUNK)):
+        path = cache / f"part-{index:05d}.npy"
+        if path.is_file():
+            parts.append(np.load(path, allow_pickle=False))
+            cached += len(parts[-1])
+            continue
+        parts.append(teacher.probabilities(texts[start : start + TEACHER_CHUNK]).astype(np.float32))
+        files.write_file_atomically(path, lambda tmp, part=parts[-1]: _save_array(tmp, part), "the teacher's scores")
+    log(f"distill: the teacher's probabilities on {len(texts)} texts ({cached} read from {cache})")
+    return np.concatenate(parts) if parts else np.zeros((0, len(teacher.labels)), dtype=np.float32)
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+
+
+def _learning_rate(job: DistillJob) -> float:
+    """The option's, else the rate the run's own encoder baseline chose for the same encoder (its grid was
+    searched on this validation split), else 1e-4."""
+    if job.options.learning_rate is not None:
+        return job.options.learning_rate
+    for index in range(8):
+        path = job.run / runs.encoder_file(index)
+        if path.is_file() and (record := runs.read_encoder(job.run, index)).model == job.options.student:
+            return record.learning_rate
+    return 1e-4
+
+
+def _test_beside_teacher(job: DistillJob, record: StudentRecord, fitted) -> None:
+    """The teacher on the same test split in this process: its texts/s beside the student's, and agreement."""
+    test = job.dataset.test.texts
+    started = time.perf_counter()
+    teacher = job.teacher.probabilities(test)
+    record.teacher_texts_per_second = len(test) / max(time.perf_counter() - started, 1e-9)
+    kind = job.dataset.kind
+    student = kind.chosen(fitted.decision.probabilities(fitted.test_logits), fitted.decision)
+    taught = kind.chosen(teacher, job.teacher.decision)
+    same = (student == taught) if student.ndim == 1 else (student == taught).all(axis=1)
+    record.agreement_with_teacher = float(same.mean())
+    ratio = record.texts_per_second / max(record.teacher_texts_per_second, 1e-9)
+    job.log(
+        f"distill: student {record.model} (teacher weight {record.teacher_weight:g}): test "
+        f"{kind.accuracy_name} {record.test.accuracy:.4f}, macro F1 {record.test.macro_f1:.4f}; agrees with the "
+        f"teacher on {100 * record.agreement_with_teacher:.1f}% of test texts; {ratio:.1f}x the teacher's texts/s"
+    )
+
+
+def _export(job: DistillJob, fitted) -> runs.ExportCheck:
+    """RUN/student/: the student with its temperature folded into the head, checked after a plain reload."""
+    fit, decision = fitted.fit, fitted.decision
+    expected = decision.probabilities(fitted.test_logits)
+
+    def fill(staging: Path) -> None:
+        model = copy.deepcopy(fit.model).to("cpu").float()
+        left = decision.kind.fold_into_head(_final_linear(model), model.config, decision, job.dataset.id2label)
+        save_text_layout(model, fit.tokenizer, staging, runs.InputFormat(None, fit.max_length, decision=left))
+
+    def check(staging: Path) -> runs.ExportCheck:
+        reloaded = load_standalone(staging)
+        left = runs.InputFormat.read(staging / runs.INPUT_FORMAT).decision
+        exact = Runtime(torch.device("cpu"), torch.float32)
+        batching = Batching(fit.tokenizer.pad_token_id, job.config.eval_batch_size, exact)
+        probs = left.probabilities(predict_logits(reloaded, fit.ids["test"], batching))
+        result = compare_predictions(expected, probs, "fp32", decision)
+        refuse_unfaithful(result, staging, "test texts")
+        return result
+
+    result = export_checked(job.run / runs.STUDENT, fill, check, "the student")
+    job.log(f"distill: {job.run / runs.STUDENT} (read back with plain transformers: predictions equal)")
+    return result
+
+
+def _final_linear(model) -> torch.nn.Linear:
+    """The head's last linear layer (BERT's `classifier` is one; MPNet's ends in `out_proj`): the temperature
+    divides its weights and bias."""
+    head = getattr(model, head_name(model))
+    linears = [module for module in head.modules() if isinstance(module, torch.nn.Linear)]
+    if not linears:
+        raise LoraclsError(f"distill: {type(model).__name__}'s head has no linear layer to fold the temperature into")
+    return linears[-1]
+
+
+def _record(job: DistillJob, record: StudentRecord) -> None:
+    """student.json, and the run's verdict decided again with the student's row (a previous one replaced)."""
+    runs.write_record(job.run / runs.STUDENT_RECORD, record)
+    metrics = runs.read_metrics(job.run)
+    if metrics.verdict is None:
+        return
+    verdict = metrics.verdict
+    rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record)]
+    metrics.verdict = decide(rows, verdict.examples, verdict.metric)
+    runs.write_record(job.run / runs.METRICS, metrics)
+    job.log(f"verdict: {metrics.verdict.reason}")
+
+
+def student_row(record: StudentRecord) -> LadderRow:
+    speed = ""
+    if record.teacher_texts_per_second:
+        speed = f", {record.texts_per_second / record.teacher_texts_per_second:.1f}x the teacher's texts/s"
+    return LadderRow(
+        STUDENT_ROW,
+        record.test.accuracy,
+        record.test.macro_f1,
+        ece=record.test_ece,
+        train_seconds=record.train_seconds,
+        texts_per_second=record.texts_per_second,
+        parameters=record.parameters,
+        detail=(
+            f"{record.model} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
+            f"{record.unlabeled_texts} unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
+        ),
+    )
