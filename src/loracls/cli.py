@@ -235,6 +235,7 @@ def cmd_distill(args) -> None:
     options = DistillOptions(
         student=args.student,
         unlabeled=args.unlabeled,
+        max_unlabeled=args.max_unlabeled,
         weights=tuple(_numbers(args.weights, "--weights")),
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
@@ -378,6 +379,7 @@ def _run_commands(sub) -> None:
     p.add_argument("run")
     p.add_argument("--student", default="minilm", help="minilm (default), mpnet-base, or an HF encoder directory")
     p.add_argument("--unlabeled", metavar="FILE", help="texts the teacher labels too (CSV/JSONL/Parquet/TXT)")
+    p.add_argument("--max-unlabeled", type=int, default=10_000, help="at most N unlabeled texts (a seeded draw)")
     p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")
     p.add_argument("--learning-rate", type=float, help="default: the rate the run's encoder baseline chose")
     p.add_argument("--batch-size", type=int, help="the teacher's texts a forward pass")

@@ -60,6 +60,7 @@ class DistillOptions:
 
     student: str = "minilm"  # minilm | mpnet-base | an HF encoder directory
     unlabeled: str | None = None  # a file of texts (the run's text column); None: the data's left-out texts
+    max_unlabeled: int | None = 10_000  # at most this many unlabeled texts, drawn with the run's seed
     weights: tuple[float, ...] = (0.5, 1.0)  # the teacher's share of the loss, each tried, the best kept
     learning_rate: float | None = None  # None: what the run's encoder baseline chose for this encoder, else 1e-4
     batch_size: int | None = None  # the teacher's texts a forward pass; None: the run's eval_batch_size
@@ -100,13 +101,15 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
         raise LoraclsError(f"distill: {run_path} has not finished ({runs.METRICS} missing); resume it first")
     if not options.weights or any(not 0 < w <= 1 for w in options.weights):
         raise LoraclsError(f"distill: each teacher weight must be > 0 and <= 1, got {list(options.weights)}")
+    if options.max_unlabeled is not None and options.max_unlabeled < 0:
+        raise LoraclsError(f"distill: --max-unlabeled must be >= 0, got {options.max_unlabeled}")
     if options.learning_rate is not None and not 0 < options.learning_rate < 1:
         raise LoraclsError(f"distill: the learning rate must be > 0 and < 1, got {options.learning_rate}")
     held.enter_context(runs.hold(run))
     config = runs.read_config(run)
     dataset = load_dataset(config)
     check_encoder(options.student, log)
-    unlabeled = _unlabeled(options.unlabeled, config, dataset, log)
+    unlabeled = _at_most(_unlabeled(options.unlabeled, config, dataset, log), options.max_unlabeled, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
     log(f"distill: teacher {teacher.source}; student {options.student}")
@@ -127,6 +130,16 @@ def _unlabeled(file: str | None, config: Config, dataset: Dataset, log: Log) -> 
     texts = [text for text in dict.fromkeys(read) if text not in splits]
     log(f"distill: {len(texts)} unlabeled texts from {file} ({len(read) - len(texts)} repeats or split texts left out)")
     return texts
+
+
+def _at_most(texts: list[str], limit: int | None, seed: int, log: Log) -> list[str]:
+    """A seeded draw of `limit` texts (in their order) where there are more: the teacher's scoring and every
+    student epoch grow with them."""
+    if limit is None or len(texts) <= limit:
+        return texts
+    kept = sorted(np.random.default_rng(seed).choice(len(texts), size=limit, replace=False))
+    log(f"distill: {limit} of the {len(texts)} unlabeled texts kept (--max-unlabeled)")
+    return [texts[i] for i in kept]
 
 
 def _teach(job: DistillJob) -> Teaching:

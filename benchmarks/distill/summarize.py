@@ -1,0 +1,53 @@
+"""loracls 15's table: per set, the teacher (LoRA at the study's defaults), MiniLM fine-tuned on the gold labels
+alone (the study's encoders run) and MiniLM distilled from the teacher (benchmarks/distill/results/SET.json), on
+the same test split; texts/s of the student against the teacher's measured in the same distill process.
+Usage: python3 benchmarks/distill/summarize.py STUDY_OUT   (the study's kept results also serve as STUDY_OUT)"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SETS = ["rt", "chinese", "tweets", "imbalanced", "emotions"]
+
+
+def _read(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def row(study: Path, name: str) -> str | None:
+    student = _read(HERE / "results" / f"{name}.json")
+    metrics = _read(study / "runs" / f"defaults-{name}" / "metrics.json")
+    encoders = _read(study / "runs" / f"encoders-{name}.json") or {}
+    if student is None or metrics is None:
+        return None
+    gold = next((e for e in encoders.get("encoders", []) if e["model"] == "minilm"), None)
+    teacher, own = metrics["test"]["accuracy"], student["test"]["accuracy"]
+    gold_cell = f"{gold['test']['accuracy']:.4f}" if gold else "-"
+    gain = f"{100 * (own - gold['test']['accuracy']):+.1f}" if gold else "-"
+    ratio = student["texts_per_second"] / student["teacher_texts_per_second"]
+    teacher_ece = (metrics.get("calibration") or {}).get("after", {}).get("ece")
+    eces = f"{student['test_ece']:.3f} / {teacher_ece:.3f}" if teacher_ece is not None and student["test_ece"] else "-"
+    return (
+        f"| {name} | {teacher:.4f} | {gold_cell} | {own:.4f} | {gain} | {100 * (own - teacher):+.1f} | "
+        f"{student['teacher_weight']:g} | {student['unlabeled_texts']} | "
+        f"{100 * student['agreement_with_teacher']:.1f}% | "
+        f"{ratio:.1f}x | {eces} |"
+    )
+
+
+def main() -> None:
+    study = Path(sys.argv[1])
+    lines = [
+        "| set | teacher (LoRA) | MiniLM, gold labels | MiniLM, distilled | vs gold | vs teacher | teacher weight "
+        "| unlabeled | agrees | texts/s vs teacher | ECE student / teacher |",
+        "|---" * 11 + "|",
+    ]
+    lines += [r for r in (row(study, name) for name in SETS) if r]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""`loracls distill`: the student's loss, the teacher's score cache, the unlabeled texts, the whole job on a tiny
+finished run (export read back, verdict row, predict and serve side by side) and its refusals."""
+
+import json
+import shutil
+from dataclasses import replace
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from conftest import TINY_ENCODER
+from loracls import runs
+from loracls.baselines.student import StudentFit, Teaching
+from loracls.cli import main
+from loracls.config_reader import from_dict
+from loracls.data.splits import left_out_texts, load_dataset
+from loracls.hardware import Runtime
+from loracls.jobs.distill import TEACHER_CHUNK, _unlabeled, teacher_probabilities
+
+CPU = Runtime(torch.device("cpu"), torch.float32)
+
+
+def _config(data, **extra):
+    values = {"data": str(data), "train_size": 120, "validation_size": 40, "test_size": 40, "max_length": 32}
+    return from_dict({**values, "encoder_model": str(TINY_ENCODER[0]), **extra})
+
+
+def _fit(config, teaching):
+    return StudentFit(load_dataset(config), config, CPU, lambda *_: None, str(TINY_ENCODER[0]), teaching)
+
+
+@pytest.mark.parametrize("problem", ["single_label", "multi_label"])
+def test_the_student_loss_blends_the_teacher_and_the_gold_labels(data_csv, tmp_path, problem):
+    config = _config(data_csv)
+    if problem == "multi_label":
+        from test_multilabel import label_sets_frame  # a label set a text
+
+        label_sets_frame(300).to_json(tmp_path / "sets.jsonl", orient="records", lines=True)
+        config = _config(tmp_path / "sets.jsonl", problem="multi_label")
+    dataset = load_dataset(config)
+    kind, n, labels = dataset.kind, len(dataset.train), len(dataset.id2label)
+    rng = np.random.default_rng(0)
+    teacher = rng.dirichlet(np.ones(labels), size=n + 2) if problem == "single_label" else rng.random((n + 2, labels))
+    teaching = Teaching(
+        [*dataset.train.texts, "unlabeled one", "unlabeled two"], teacher, [*dataset.train.labels, None, None]
+    )
+    rows, logits = [0, n, 1, n + 1], torch.randn(4, labels)
+    soft = torch.as_tensor(teacher[rows], dtype=torch.float32)
+    gold = kind.targets([dataset.train.labels[0], dataset.train.labels[1]], labels, "cpu")
+    to_teacher = kind.loss(logits, soft, None, 4)
+    to_gold = kind.loss(logits[[0, 2]], gold, None, 2)  # the unlabeled rows have no gold part
+    pure = _fit(config, replace(teaching, weight=1.0)).loss(rows, logits)
+    assert torch.allclose(pure, to_teacher)
+    blended = _fit(config, replace(teaching, weight=0.25)).loss(rows, logits)
+    assert torch.allclose(blended, 0.25 * to_teacher + 0.75 * to_gold)
+    if problem == "single_label":  # cross-entropy to soft targets = KL to the teacher + the teacher's entropy
+        p = soft
+        kl = (p * (p.log() - torch.log_softmax(logits, dim=1))).sum(1).mean()
+        assert torch.allclose(to_teacher, kl - (p * p.log()).sum(1).mean(), atol=1e-6)
+
+
+class _CountingTeacher:
+    """An engine stand-in: probabilities from each text's length; it counts the texts it scored and can fail
+    after a number of calls (a killed distill)."""
+
+    labels = ["a", "b"]
+
+    def __init__(self, fail_after: int | None = None):
+        self.scored, self.calls, self.fail_after = 0, 0, fail_after
+
+    def probabilities(self, texts):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt  # the process is stopped mid-way
+        self.calls += 1
+        self.scored += len(texts)
+        p = np.array([[len(t) % 7 / 7] for t in texts])
+        return np.hstack([p, 1 - p])
+
+
+def test_the_teacher_scores_are_cached_by_chunk_and_a_killed_call_continues(tmp_path):
+    texts = [f"text number {i}" + "!" * (i % 5) for i in range(2 * TEACHER_CHUNK + 10)]
+    cache = tmp_path / "teacher_scores"
+    killed = _CountingTeacher(fail_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        teacher_probabilities(killed, texts, cache, lambda *_: None)
+    assert killed.scored == TEACHER_CHUNK and len(list(cache.glob("part-*.npy"))) == 1
+    resumed, said = _CountingTeacher(), []
+    first = teacher_probabilities(resumed, texts, cache, said.append)
+    assert resumed.scored == len(texts) - TEACHER_CHUNK  # only the chunks not written before
+    assert f"({TEACHER_CHUNK} read from" in said[-1]
+    again = _CountingTeacher()
+    assert np.array_equal(teacher_probabilities(again, texts, cache, said.append), first) and again.scored == 0
+    assert np.allclose(first, _CountingTeacher().probabilities(texts))
+    other = _CountingTeacher()  # other texts: the cache starts anew
+    teacher_probabilities(other, texts[:-1], cache, said.append)
+    assert other.scored == len(texts) - 1
+
+
+def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_csv, tmp_path):
+    config = _config(data_csv)
+    dataset = load_dataset(config)
+    left = left_out_texts(config, dataset)
+    in_splits = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
+    assert left and not set(left) & in_splits and len(left) == len(set(left))
+    assert _unlabeled(None, config, dataset, lambda *_: None) == left
+    test_text = dataset.test.texts[0]  # a split's text is not taught: the student would see its test answer
+    fresh = ["a new text", "another new text", "a new text"]
+    files = {
+        "u.csv": "text,other\n" + "".join(f'"{t}",1\n' for t in [*fresh, test_text]),
+        "u.jsonl": "".join(json.dumps({"text": t}) + "\n" for t in [*fresh, test_text]),
+        "u.txt": "".join(t + "\n" for t in [*fresh, test_text]),
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+        assert _unlabeled(str(tmp_path / name), config, dataset, lambda *_: None) == fresh[:2], name
+
+
+@pytest.fixture(scope="module")
+def distilled(trained_runs, tmp_path_factory):
+    """A copy of the tiny Gemma 3 run, distilled into the tiny BERT (two teacher weights)."""
+    run = tmp_path_factory.mktemp("distill") / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    before = runs.read_metrics(run)
+    assert main(["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "0.5,1"]) == 0
+    return run, before
+
+
+def test_distill_writes_a_checked_student_that_joins_the_verdict(distilled):
+    run, before = distilled
+    record = runs.read_student(run)
+    assert set(record.weights) == {"0.5", "1"} and record.teacher_weight in (0.5, 1.0)
+    assert record.validation_score == max(record.weights.values())  # the weight chosen on validation
+    assert record.unlabeled_texts == len(left_out_texts(runs.read_config(run), load_dataset(runs.read_config(run))))
+    assert record.export is not None and record.export.predictions_equal
+    assert record.teacher_texts_per_second > 0 and 0 <= record.agreement_with_teacher <= 1
+    rows = {row.name: row for row in runs.read_metrics(run).verdict.rows}
+    assert [row.name for row in before.verdict.rows] + ["student"] == list(rows)
+    assert rows["student"].accuracy == record.test.accuracy and rows["student"].texts_per_second > 0
+    # read as a user reads it: plain transformers, the temperature already in the head
+    model = AutoModelForSequenceClassification.from_pretrained(str(run / runs.STUDENT))
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    fmt = json.loads((run / runs.STUDENT / runs.INPUT_FORMAT).read_text())
+    assert fmt["input_template"] is None and fmt["decision"]["temperature"] == 1.0
+
+
+def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsys):
+    from loracls.inference.group import EngineGroup
+    from loracls.inference.loaded import engine_for
+    from loracls.inference.server import create_app
+
+    run, _ = distilled
+    capsys.readouterr()
+    assert main(["predict", str(run / runs.STUDENT), "--text", "good film", "--text", "bad film"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["text"] for row in rows] == ["good film", "bad film"] and all(row["prediction"] for row in rows)
+    group = EngineGroup([engine_for(str(run), log=lambda *_: None), engine_for(str(run / runs.STUDENT), log=print)])
+    names = list(group.served_runs())
+    assert names == ["run", "run-student"]
+
+    async def ask():
+        app = create_app(group)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+                answers = [await client.post("/classify", json={"model": n, "input": ["good film"]}) for n in names]
+                unknown = await client.post("/classify", json={"model": "nope", "input": ["good film"]})
+                listed = await client.get("/v1/models")
+        return answers, unknown, listed
+
+    import asyncio
+
+    answers, unknown, listed = asyncio.run(ask())
+    assert [a.status_code for a in answers] == [200, 200] and unknown.status_code == 404
+    assert [a.json()["model"] for a in answers] == names
+    assert [m["id"] for m in listed.json()["data"]] == names
+
+
+def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
+    run, _ = distilled
+    assert main(["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1"]) == 0
+    said = capsys.readouterr().out
+    assert "(0 read from" not in said and " read from " in said
+    assert set(runs.read_student(run).weights) == {"1"}
+    assert [row.name for row in runs.read_metrics(run).verdict.rows].count("student") == 1  # replaced, not added
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--unlabeled", "{tmp}/missing.csv"], "missing.csv"),
+        (["--unlabeled", "{tmp}/empty_text.csv"], "empty text"),
+        (["--unlabeled", "{tmp}/no_column.csv"], "text"),
+        (["--weights", "0,1"], "teacher weight"),
+        (["--weights", "one"], "--weights"),
+        (["--learning-rate", "-1"], "learning rate"),
+        (["--student", "{tmp}/not_an_encoder"], "not_an_encoder"),
+    ],
+)
+def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path, capsys, args, message):
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    (tmp_path / "empty_text.csv").write_text('text\n"fine"\n""\n')
+    (tmp_path / "no_column.csv").write_text("words\nhello\n")
+    (tmp_path / "not_an_encoder").mkdir()
+    before = (run / runs.METRICS).read_text()
+    capsys.readouterr()
+    code = main(["distill", str(run), *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("loracls: ") and message in err[0], err
+    assert not (run / runs.STUDENT).exists() and not (run / runs.STUDENT_RECORD).exists()
+    assert not (run / runs.TEACHER_SCORES).exists() and (run / runs.METRICS).read_text() == before
+
+
+def test_an_unfinished_run_is_not_distilled(trained_runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    (run / runs.METRICS).unlink()
+    assert main(["distill", str(run)]) == 2
+    assert "has not finished" in capsys.readouterr().err
