@@ -9,7 +9,10 @@ from loracls.cli import main
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 
-def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """The default job, cut to a few dozen texts and 4 steps, on the real Gemma 3 270M."""
+    tmp_path = tmp_path_factory.mktemp("real")
     args = [
         "train",
         "--set",
@@ -32,7 +35,11 @@ def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
         "run_name=real",
     ]
     assert main(args) == 0
-    run = tmp_path / "real"
+    return tmp_path / "real"
+
+
+def test_real_gemma3_270m_trains_merges_and_reloads(real_run, capsys):
+    run = real_run
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["model"]["hidden_size"] == 640 and metrics["model"]["parameters"] > 250e6
     assert metrics["model"]["lora_modules"] == 36
@@ -48,6 +55,22 @@ def test_real_gemma3_270m_trains_merges_and_reloads(tmp_path, capsys):
     again = json.loads(capsys.readouterr().out)
     assert again["prediction"] == test_rows[0]["prediction"]
     assert again["probabilities"]["fresh"] == pytest.approx(test_rows[0]["probabilities"]["fresh"], abs=2e-2)
+
+
+def test_real_run_distills_into_minilm(real_run, capsys):
+    """The run's merged Gemma teaches the embedded MiniLM on 32 of the snippets the splits left out; the student
+    is exported, read back, joins the verdict and predicts."""
+    from loracls import runs
+
+    assert main(["distill", str(real_run), "--max-unlabeled", "32", "--weights", "1"]) == 0
+    record = runs.read_student(real_run)
+    assert record.model == "minilm" and record.unlabeled_texts == 32 and record.training_texts == 48
+    assert record.export.predictions_equal and 22e6 < record.parameters < 23.5e6
+    assert record.texts_per_second > record.teacher_texts_per_second > 0  # 22M parameters against 270M
+    assert "student" in [row.name for row in runs.read_metrics(real_run).verdict.rows]
+    capsys.readouterr()
+    assert main(["predict", str(real_run / runs.STUDENT), "--text", "a warm and funny film"]) == 0
+    assert json.loads(capsys.readouterr().out)["prediction"] in ("fresh", "rotten")
 
 
 def test_real_mpnet_base_from_its_wheels_trains_as_a_baseline(tmp_path, capsys):
