@@ -89,3 +89,13 @@ def test_hostile_command_lines_are_one_line_exit_2(case, trained_runs, tmp_path,
     assert code == 2 and err and err[-1].startswith("loracls: ") and re.search(case["message"], err[-1]), err
     assert not any("Traceback" in line for line in err)
     assert [line for line in err if line.startswith("loracls: ")] == [err[-1]]
+
+
+def test_one_set_flag_takes_several_pairs():
+    from loracls.cli import build_parser
+    from loracls.config_reader import load_config
+
+    args = build_parser().parse_args(["train", "--set", "r=4", "lora_alpha=8", "--set", "epochs=2"])
+    assert args.set == ["r=4", "lora_alpha=8", "epochs=2"]
+    config = load_config(args.config, args.set)
+    assert (config.r, config.lora_alpha, config.epochs) == (4, 8, 2)

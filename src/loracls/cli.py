@@ -322,7 +322,7 @@ def _job_commands(sub) -> None:
     """Commands that start from a config: train, baseline, sweep, tune, and doctor."""
     p = sub.add_parser("train", help="train a classifier (no config: the embedded default job)")
     p.add_argument("config", nargs="?", help="YAML config; keys as in loracls.config.Config")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--resume", metavar="RUN", help="continue an interrupted run from its last checkpoint")
     p.add_argument("--help-config", action="store_true", help="every config key: type, range, default, what it does")
     p.set_defaults(func=cmd_train)
@@ -332,13 +332,13 @@ def _job_commands(sub) -> None:
 
     p = sub.add_parser("baseline", help="zero-shot prompt baseline (plain and calibrated) on the test split")
     p.add_argument("config", nargs="?")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("sweep", help="train a grid of configs; one table (markdown + CSV) of the results")
     p.add_argument("config", nargs="?")
     p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="values to combine")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
     _trial_engine_options(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -356,7 +356,9 @@ def _job_commands(sub) -> None:
         help="log:LOW:HIGH | float:LOW:HIGH | int:LOW:HIGH | "
         "V1,V2,...; default: learning_rate, r, lora_alpha, target_modules, epochs, head_init",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every config")
+    p.add_argument(
+        "--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE", help="override a key in every config"
+    )
     _trial_engine_options(p)
     p.set_defaults(func=cmd_tune)
 

@@ -143,8 +143,8 @@ def parse_overrides(pairs: list[str]) -> dict:
     """`key=value` strings -> dict of parsed values."""
     out = {}
     for pair in pairs:
-        if "=" not in pair:
-            raise LoraclsError(f"--set expects key=value, got {shown(pair)}")
+        if "=" not in pair:  # `--set a=1 b=2` takes every pair after the flag; a config file goes before it
+            raise LoraclsError(f"--set expects KEY=VALUE pairs, got {shown(pair)} (a config file goes before --set)")
         key, raw = pair.split("=", 1)
         out[key.strip()] = parse_value(key.strip(), raw)
     return out
