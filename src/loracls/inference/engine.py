@@ -32,6 +32,12 @@ class Engine(Protocol):
     id2label: dict[int, str]
     decision: Decision
     writes_comments: bool  # label_and_comment: `comments` writes one after each chosen label
+    tokenizer: object  # the run's tokenizer (serve's /tokenize and /decode)
+    max_length: int  # tokens of a text the model reads (longer: truncated, or windows under long_text: chunks)
+    long_text: str
+    input_template: str | None
+    precision: str  # the compute precision, in words (/info)
+    runtime: object  # the device it computes on (/info)
 
     def encode(self, texts: list[str]) -> Encoded: ...
 

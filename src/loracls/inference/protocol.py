@@ -1,6 +1,8 @@
 """The serving contract: typed request and response models for every route, and every status each route
-answers (so `/openapi.json` documents them all). The shapes are vLLM's (`/classify`) and
-text-embeddings-inference's (`/predict`, and its error body `{"error", "error_type"}` with TEI's codes).
+answers (so `/openapi.json` documents them all). The shapes are vLLM's (`/classify`, `/tokenize` with a
+`prompt`, `/detokenize`, `/v1/models`) and text-embeddings-inference's (`/predict`, POST `/` as the Hugging Face
+Inference API answers text classification (what huggingface_hub's `InferenceClient(url)` calls), `/tokenize`
+with `inputs`, `/decode`, `/info`, and its error body `{"error", "error_type"}` with TEI's codes).
 
 Statuses (error_type):
 - 404 (NotFound): an unknown route, or a `model` that is not served (`/classify`'s field; `/predict`'s and
@@ -34,6 +36,16 @@ __all__ = [
     "ModelList",
     "ERRORS",
     "check_texts",
+    "RootRequest",
+    "TaskParameters",
+    "TeiTokenizeRequest",
+    "VllmTokenizeRequest",
+    "VllmTokenizeResponse",
+    "SimpleToken",
+    "DecodeRequest",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
+    "TeiModelType",
 ]
 
 TextOrTexts = str | list[str]
@@ -81,6 +93,77 @@ class PredictRequest(BaseModel):
     top_k: int | None = Field(None, ge=1, description="only the k most probable labels; below 1 is a 422")
 
     _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
+
+
+class TaskParameters(BaseModel):
+    """The Hugging Face Inference API's text-classification parameters (huggingface_hub sends them)."""
+
+    top_k: int | None = Field(None, ge=1, description="only the k most probable labels; below 1 is a 422")
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
+        None, description='"none": raw scores (logits); otherwise the calibrated probabilities (the model\'s own)'
+    )
+
+
+class RootRequest(PredictRequest):
+    """POST `/`: TEI's /predict request, plus the Inference API's `parameters` (huggingface_hub's
+    `text_classification`)."""
+
+    parameters: TaskParameters | None = None
+
+
+class TeiTokenizeRequest(BaseModel):
+    """TEI's /tokenize request."""
+
+    inputs: TextOrTexts = Field(description="one text or a list of texts")
+    add_special_tokens: bool = Field(True, description="the tokenizer's special tokens (BOS) as the model reads them")
+    prompt_name: None = Field(None, description="TEI's prompt names: none here")
+
+    _texts = field_validator("inputs")(check_texts)
+
+
+class VllmTokenizeRequest(BaseModel):
+    """vLLM's /tokenize request (completions form)."""
+
+    prompt: str = Field(description="the text")
+    model: str | None = Field(None, description="the run whose tokenizer counts (`GET /v1/models`); none: the first")
+    add_special_tokens: bool = True
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None = Field(description="the token's first character in the text (None: a special token)")
+    stop: int | None
+
+
+class VllmTokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int = Field(description="the run's max_length: longer texts are cut or windowed (long_text)")
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DecodeRequest(BaseModel):
+    """TEI's /decode request: token ids (one sequence or several) back to text."""
+
+    ids: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize request."""
+
+    tokens: list[int]
+    model: str | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TeiModelType(BaseModel):
+    classifier: dict[str, dict] = Field(description="TEI's {id2label, label2id}")
 
 
 class GenerateRequest(BaseModel):
@@ -161,6 +244,21 @@ class ModelList(BaseModel):
 
 
 class InfoResponse(BaseModel):
+    # TEI's /info fields (its clients read these)
+    model_id: str = Field(description="TEI: where the model was loaded from")
+    model_sha: str | None = None
+    model_dtype: str = Field(description="TEI: the compute precision")
+    model_type: TeiModelType
+    max_concurrent_requests: int = Field(description="TEI: texts the queue holds")
+    max_input_length: int = Field(description="TEI: tokens a text is read up to (the run's max_length)")
+    max_batch_tokens: int = Field(description="TEI: padded tokens of one forward pass at most")
+    max_batch_requests: int | None = Field(description="TEI: texts of one forward pass at most")
+    auto_truncate: bool = Field(description="TEI: longer texts are cut (or windowed under long_text: chunks)")
+    tokenization_workers: int = 1
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
+    # loracls' own
     model: str
     models: list[str] = Field(description="every run this server serves (several: one base, LoRA unmerged)")
     source: str
@@ -195,4 +293,6 @@ ERRORS = {
     "predict": _documented(404, 413, 422, 429, 500),
     "info": _documented(404),
     "generate": _documented(404, 413, 422, 429, 500),
+    "root": _documented(404, 413, 422, 429, 500),
+    "tokenize": _documented(404, 413, 422),
 }

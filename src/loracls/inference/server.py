@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import sys
 import time
 import uuid
@@ -37,7 +36,9 @@ from loracls.errors import Log, first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
 
 if TYPE_CHECKING:
-    from loracls.inference.engine import Engine
+    pass
+from loracls import __version__
+from loracls.inference import tokens
 from loracls.inference.http import BodyLimit, ServerMetrics, error, listening_socket
 from loracls.inference.protocol import (
     ERRORS,
@@ -52,21 +53,19 @@ from loracls.inference.protocol import (
     ModelCard,
     ModelList,
     PredictRequest,
+    RootRequest,
+    TeiModelType,
     Usage,
 )
-
-# A gathered batch mixes lengths; cutting it where padding would pass this many tokens per forward pass was
-# measured at 22-26 texts/s against 19-21 uncut (Rotten Tomatoes snippets, concurrency 32, this 2-core CPU).
-SERVE_MAX_TOKENS = 512
-MAX_CLIENT_BATCH_SIZE = 32  # TEI's default: texts in one request
-
-
-class _TooManyTexts(Exception):
-    """A request with more texts than max_client_batch_size (HTTP 413)."""
-
-
-class _UnknownModel(Exception):
-    """A request naming a model this server does not serve (HTTP 404)."""
+from loracls.inference.served import (
+    MAX_CLIENT_BATCH_SIZE,
+    SERVE_MAX_TOKENS,
+    Served,
+    Serving,
+    TooManyTexts,
+    UnknownModel,
+    logits_of,
+)
 
 
 class _InputTooLong(Exception):
@@ -75,25 +74,6 @@ class _InputTooLong(Exception):
 
 class _NotAGenerator(Exception):
     """/generate asked of a classifier run (HTTP 404: no such generator served)."""
-
-
-class Served:
-    """The runs one server answers for: one engine (a run, a merged model, an ONNX export, a
-    label_and_comment run), or an AdapterSet's runs on one shared base. `pick` finds a request's run (none
-    named: the first), and `score(ids, models)` computes rows of any mix of them in one batch."""
-
-    def __init__(self, engine: Engine):
-        self.runs = engine.served_runs()
-        self.first = next(iter(self.runs.values()))
-        self.score = functools.partial(engine.score, max_tokens=SERVE_MAX_TOKENS)
-
-    def pick(self, name: str | None):
-        if name is None:
-            return self.first
-        if name not in self.runs:
-            served = ", ".join(f"`{known}`" for known in self.runs)
-            raise _UnknownModel(f"The model `{name}` does not exist; this server serves {served}")
-        return self.runs[name]
 
 
 def create_app(
@@ -118,6 +98,7 @@ def create_app(
     app.state.served, app.state.batcher, app.state.metrics = served, batcher, metrics
     app.state.max_client_batch_size = max_client_batch_size
     app.include_router(router)
+    app.include_router(tokens.router)
     _error_handlers(app)
 
     @app.middleware("http")
@@ -138,14 +119,6 @@ def create_app(
         return response
 
     return BodyLimit(app, max_body_bytes)
-
-
-async def _logits(batcher: Batcher, classifier, encoded, metrics) -> np.ndarray:
-    """Per-text logits by `classifier` (one served run), computed in some batch with other requests' texts (a
-    long text's windows averaged under long_text: chunks)."""
-    logits = encoded.per_text(await batcher.submit(encoded.ids, classifier.name))
-    metrics.texts.labels(classifier.name).inc(len(encoded.long))
-    return logits
 
 
 def _usage(classifier, encoded) -> Usage:
@@ -175,24 +148,6 @@ def _ranked(labels: list[str], scores) -> list[LabelScore]:
     return sorted((LabelScore(label=labels[k], score=float(s)) for k, s in enumerate(scores)), key=lambda r: -r.score)
 
 
-class _Serving:
-    """What every handler reads from the app: the served runs, the batcher, the metrics, the request limit."""
-
-    def __init__(self, request: Request):
-        state = request.app.state
-        self.served, self.batcher, self.metrics = state.served, state.batcher, state.metrics
-        self.max_client_batch_size = state.max_client_batch_size
-
-    def texts(self, value: str | list[str]) -> list[str]:
-        texts = [value] if isinstance(value, str) else value
-        if len(texts) > self.max_client_batch_size:
-            raise _TooManyTexts(f"batch size {len(texts)} > maximum allowed batch size {self.max_client_batch_size}")
-        return texts
-
-    async def probabilities(self, classifier, encoded) -> np.ndarray:
-        return classifier.calibrated(await _logits(self.batcher, classifier, encoded, self.metrics))
-
-
 async def _comments(classifier, texts: list[str], chosen) -> list[str]:
     """label_and_comment: each text's comment, generated after its chosen label (off the event loop)."""
     return await asyncio.get_running_loop().run_in_executor(None, classifier.comments, texts, chosen)
@@ -205,7 +160,7 @@ MODEL_HEADER = Header(None, description="the same as the `model` query, for clie
 
 @router.post("/classify", response_model_exclude_none=True, responses=ERRORS["classify"])
 async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
-    serving = _Serving(request)
+    serving = Serving(request)
     classifier = serving.served.pick(body.model)
     texts = serving.texts(body.input)
     encoded = classifier.encode(texts)
@@ -224,19 +179,40 @@ async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
 async def predict(
     body: PredictRequest, request: Request, model: str | None = MODEL_QUERY, x_model: str | None = MODEL_HEADER
 ):
-    serving = _Serving(request)
-    classifier = serving.served.pick(model or x_model)
+    return await _predicted(body, Serving(request), model or x_model, nested=False)
+
+
+@router.post("/", response_model=list[list[LabelScore]], responses=ERRORS["root"])
+async def root(
+    body: RootRequest, request: Request, model: str | None = MODEL_QUERY, x_model: str | None = MODEL_HEADER
+):
+    """TEI's route for the model's task (text classification here), answered as the Hugging Face Inference API
+    answers it: a list of `{label, score}` lists, one per text, even for one text (huggingface_hub's
+    `InferenceClient(url).text_classification` reads the first); `parameters.top_k` keeps the k best;
+    `parameters.function_to_apply: "none"` gives raw scores."""
+    parameters = body.parameters
+    if parameters is not None:
+        changes = {"raw_scores": body.raw_scores or parameters.function_to_apply == "none"}
+        if parameters.top_k is not None:
+            changes["top_k"] = parameters.top_k
+        body = body.model_copy(update=changes)
+    return await _predicted(body, Serving(request), model or x_model, nested=True)
+
+
+async def _predicted(body: PredictRequest, serving: Serving, model: str | None, nested: bool) -> JSONResponse:
+    """TEI's /predict: each text's labels by score (`nested`: a list of lists even for one text)."""
+    classifier = serving.served.pick(model)
     encoded = classifier.encode(serving.texts(body.inputs))
     if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
         raise _InputTooLong(
             f"input {encoded.long.index(True)} is longer than max_length {classifier.max_length} tokens and "
             f"truncate is false"
         )
-    logits = await _logits(serving.batcher, classifier, encoded, serving.metrics)
+    logits = await logits_of(serving.batcher, classifier, encoded, serving.metrics)
     scores, labels = (logits if body.raw_scores else classifier.calibrated(logits)), classifier.labels
     rows = [[item.model_dump() for item in _ranked(labels, row)[: body.top_k]] for row in np.asarray(scores)]
     truncated = _usage(classifier, encoded).truncated_inputs
-    single = isinstance(body.inputs, str)
+    single = isinstance(body.inputs, str) and not nested
     return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(truncated)})
 
 
@@ -246,7 +222,7 @@ async def generate(
 ) -> list[Generated]:
     """label_and_comment runs: each text's label (scored, calibrated) and the comment written after it;
     the run picked like every other route's (body `model`, `model` query or `X-Model` header)."""
-    serving = _Serving(request)
+    serving = Serving(request)
     classifier = serving.served.pick(body.model or model or x_model)
     if not classifier.writes_comments:
         raise _NotAGenerator(f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs")
@@ -268,7 +244,7 @@ async def health() -> HealthResponse:
 @router.get("/v1/models")
 async def models(request: Request) -> ModelList:
     """The served runs, as vLLM and OpenAI list models."""
-    runs = _Serving(request).served.runs
+    runs = Serving(request).served.runs
     return ModelList(data=[ModelCard(id=name, root=run.source) for name, run in runs.items()])
 
 
@@ -276,9 +252,23 @@ async def models(request: Request) -> ModelList:
 async def info(
     request: Request, model: str | None = Query(None, description="the run to describe; none: the first served")
 ) -> InfoResponse:
-    serving = _Serving(request)
+    serving = Serving(request)
     classifier, batcher = serving.served.pick(model), serving.batcher
     return InfoResponse(
+        model_id=classifier.source,
+        model_dtype=classifier.precision,
+        model_type=TeiModelType(
+            classifier={
+                "id2label": {str(i): name for i, name in classifier.id2label.items()},
+                "label2id": {name: i for i, name in classifier.id2label.items()},
+            }
+        ),
+        max_concurrent_requests=batcher.max_queue,
+        max_input_length=classifier.max_length,
+        max_batch_tokens=SERVE_MAX_TOKENS,
+        max_batch_requests=batcher.max_batch_size,
+        auto_truncate=True,
+        version=__version__,
         model=classifier.name,
         models=list(serving.served.runs),
         source=classifier.source,
@@ -300,7 +290,7 @@ async def info(
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def prometheus(request: Request):
-    return Response(generate_latest(_Serving(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(Serving(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 _HTTP_KINDS = {404: "NotFound", 405: "MethodNotAllowed", 413: "Validation"}
@@ -328,11 +318,12 @@ def _error_handlers(app: FastAPI) -> None:
 
 # every error of ours that a request can cause -> (HTTP status, TEI's error_type); one place, TEI's pattern
 ERROR_STATUS: dict[type, tuple[int, str]] = {
-    _TooManyTexts: (413, "Validation"),
+    TooManyTexts: (413, "Validation"),
+    tokens.BadTokenIds: (422, "Validation"),
     _InputTooLong: (413, "Validation"),
     _NotAGenerator: (404, "NotFound"),
     TooLarge: (413, "Validation"),
-    _UnknownModel: (404, "NotFound"),
+    UnknownModel: (404, "NotFound"),
     Overloaded: (429, "Overloaded"),
 }
 _RETRY_LATER = {Overloaded: {"Retry-After": "1"}}

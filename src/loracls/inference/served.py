@@ -1,0 +1,83 @@
+"""What every route of `loracls serve` reads: the served runs (`Served`: one engine's, or several side by side)
+and, per request, the app's state (`Serving`: the runs, the batcher, the metrics, the request limits)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+from fastapi import Request
+
+from loracls.inference.batcher import Batcher
+
+if TYPE_CHECKING:
+    from loracls.inference.engine import Engine
+
+__all__ = [
+    "Served",
+    "Serving",
+    "TooManyTexts",
+    "UnknownModel",
+    "logits_of",
+    "SERVE_MAX_TOKENS",
+    "MAX_CLIENT_BATCH_SIZE",
+]
+
+# A gathered batch mixes lengths; cutting it where padding would pass this many tokens per forward pass was
+# measured at 22-26 texts/s against 19-21 uncut (Rotten Tomatoes snippets, concurrency 32, this 2-core CPU).
+SERVE_MAX_TOKENS = 512
+MAX_CLIENT_BATCH_SIZE = 32  # TEI's default: texts in one request
+
+
+class TooManyTexts(Exception):
+    """A request with more texts than max_client_batch_size (HTTP 413)."""
+
+
+class UnknownModel(Exception):
+    """A request naming a model this server does not serve (HTTP 404)."""
+
+
+class Served:
+    """The runs one server answers for: one engine (a run, a merged model, an ONNX export, a
+    label_and_comment run), or an AdapterSet's runs on one shared base. `pick` finds a request's run (none
+    named: the first), and `score(ids, models)` computes rows of any mix of them in one batch."""
+
+    def __init__(self, engine: Engine):
+        self.runs = engine.served_runs()
+        self.first = next(iter(self.runs.values()))
+        self.score = functools.partial(engine.score, max_tokens=SERVE_MAX_TOKENS)
+
+    def pick(self, name: str | None):
+        if name is None:
+            return self.first
+        if name not in self.runs:
+            served = ", ".join(f"`{known}`" for known in self.runs)
+            raise UnknownModel(f"The model `{name}` does not exist; this server serves {served}")
+        return self.runs[name]
+
+
+async def logits_of(batcher: Batcher, classifier, encoded, metrics) -> np.ndarray:
+    """Per-text logits by `classifier` (one served run), computed in some batch with other requests' texts (a
+    long text's windows averaged under long_text: chunks)."""
+    logits = encoded.per_text(await batcher.submit(encoded.ids, classifier.name))
+    metrics.texts.labels(classifier.name).inc(len(encoded.long))
+    return logits
+
+
+class Serving:
+    """What every handler reads from the app: the served runs, the batcher, the metrics, the request limit."""
+
+    def __init__(self, request: Request):
+        state = request.app.state
+        self.served, self.batcher, self.metrics = state.served, state.batcher, state.metrics
+        self.max_client_batch_size = state.max_client_batch_size
+
+    def texts(self, value: str | list[str]) -> list[str]:
+        texts = [value] if isinstance(value, str) else value
+        if len(texts) > self.max_client_batch_size:
+            raise TooManyTexts(f"batch size {len(texts)} > maximum allowed batch size {self.max_client_batch_size}")
+        return texts
+
+    async def probabilities(self, classifier, encoded) -> np.ndarray:
+        return classifier.calibrated(await logits_of(self.batcher, classifier, encoded, self.metrics))
