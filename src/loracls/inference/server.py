@@ -6,7 +6,9 @@ vLLM or text-embeddings-inference works unchanged:
   hold `labels`, the set at or above the per-label thresholds, and its `probs` are per-label sigmoids
 - `POST /predict` (TEI): `{"inputs": str | [str], "raw_scores", "truncate"}` -> `[{"label", "score"}, ...]`
   sorted by score (a list of such lists for a list of inputs)
-- `GET /health`, `GET /info`, `GET /metrics` (Prometheus text format)
+- `POST /` (TEI's task route, in the Inference API's shape that huggingface_hub's InferenceClient reads),
+  `POST /tokenize`, `/decode`, `/detokenize` (inference/tokens.py), `GET /v1/models` (vLLM, openai)
+- `GET /health`, `GET /info` (TEI's fields and ours), `GET /metrics` (Prometheus text format)
 
 Texts longer than max_length are truncated exactly as in training (`usage.truncated_inputs`, and the
 `X-Truncated-Inputs` header on /predict); TEI's `"truncate": false` turns that into a 413 instead. Every
