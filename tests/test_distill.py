@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoModelForSequenceClassification
 
 from conftest import TINY_ENCODER
@@ -144,6 +145,9 @@ def test_distill_writes_a_checked_student_that_joins_the_verdict(distilled):
     assert model.config.id2label == {0: "neg", 1: "pos"}
     fmt = json.loads((run / runs.STUDENT / runs.INPUT_FORMAT).read_text())
     assert fmt["input_template"] is None and fmt["decision"]["temperature"] == 1.0
+    card = ModelCard.load(run / runs.STUDENT / "README.md")  # its own card, with the verdict's new row
+    assert "distillation" in card.data.tags and card.data.eval_results[0].metric_value == round(record.test.accuracy, 4)
+    assert "| student |" in card.text and "| student |" in (run / runs.MERGED / "README.md").read_text()
 
 
 def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsys):

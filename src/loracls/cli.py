@@ -137,10 +137,20 @@ def cmd_export(args) -> None:
 
             for check in export_onnx(args.run, args.out, log, replace=args.force, quantize=args.quantize):
                 print(json_line(runs.to_dict(check)))
-            return
+            return _write_cards(model)
         from loracls.inference.export import remerge
 
         print(json_line(runs.to_dict(remerge(args.run, args.dtype, log))))
+    _write_cards(model)
+
+
+def _write_cards(model: Path) -> None:
+    from loracls import runs
+    from loracls.inference.model_card import write_cards
+
+    run = runs.owning_run(model)
+    if run is not None and (run / runs.METRICS).is_file():
+        write_cards(run)
 
 
 def cmd_modules(args) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "streaming",
     "ray_predict",
     "export",
+    "model_card",
     "plain_check",
     "onnx_export",
     "server",

@@ -42,6 +42,7 @@ from loracls.hardware import Runtime, setup_runtime
 from loracls.inference.engine import Engine
 from loracls.inference.export import compare_predictions, export_checked, refuse_unfaithful, save_text_layout
 from loracls.inference.loaded import EngineOptions, engine_for
+from loracls.inference.model_card import write_cards
 from loracls.model.classifier import load_standalone
 from loracls.model.lora import head_name
 from loracls.model.scoring import Batching, predict_logits
@@ -248,13 +249,13 @@ def _record(job: DistillJob, record: StudentRecord) -> None:
     """student.json, and the run's verdict decided again with the student's row (a previous one replaced)."""
     runs.write_record(job.run / runs.STUDENT_RECORD, record)
     metrics = runs.read_metrics(job.run)
-    if metrics.verdict is None:
-        return
-    verdict = metrics.verdict
-    rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record)]
-    metrics.verdict = decide(rows, verdict.examples, verdict.metric)
-    runs.write_record(job.run / runs.METRICS, metrics)
-    job.log(f"verdict: {metrics.verdict.reason}")
+    if metrics.verdict is not None:
+        verdict = metrics.verdict
+        rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record)]
+        metrics.verdict = decide(rows, verdict.examples, verdict.metric)
+        runs.write_record(job.run / runs.METRICS, metrics)
+        job.log(f"verdict: {metrics.verdict.reason}")
+    write_cards(job.run)  # the student's card, and the others with the verdict's new row
 
 
 def student_row(record: StudentRecord) -> LadderRow:

@@ -26,6 +26,7 @@ from loracls.data.splits import Dataset, format_counts, load_dataset
 from loracls.errors import Log, quiet
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_run
+from loracls.inference.model_card import write_cards
 from loracls.jobs.ladder import Ladder, run_ladder, rungs_of, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.jobs.preflight import preflight
 from loracls.model.scorers import Built, Scorer, Setup, scorer_for
@@ -111,6 +112,7 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     runs.write_record(job.run / runs.METRICS, metrics)
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     runs.remove_leftovers(job.run)
+    write_cards(job.run)  # adapter/ and merged/ say what they are, how well and how to load them
     _say_done(job, metrics)
     return job.run
 

@@ -1,0 +1,198 @@
+"""README.md model cards for what a run hands over: `adapter/` (PEFT), `merged/` (transformers), `student/`
+(distill) and `onnx/`. YAML metadata by the hub's conventions (library_name, pipeline_tag, base_model as the
+model's real id and never a local path, tags, datasets, a model-index with the test metrics), then the labels,
+the data and its splits, the side-by-side table and the verdict, the calibration, and how to load the folder
+with transformers, PEFT, onnxruntime and `loracls serve`. Written at the end of `train`, `distill` and
+`export`; each card describes its own folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from loracls import files, runs
+from loracls.config import EMBEDDED_DATA, EMBEDDED_MODEL, Config
+
+__all__ = ["write_cards", "base_model_id"]
+
+EMBEDDED_BASE = "google/gemma-3-270m"  # the embedded GGUF is this model, quantized (Q4_K_M) and converted back
+EMBEDDED_DATASET = "cornell-movie-review-data/rotten_tomatoes"  # the embedded snippets (Pang and Lee, 2005)
+ENCODERS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet-base": "sentence-transformers/all-mpnet-base-v2"}
+
+
+def base_model_id(spec: str) -> str | None:
+    """The hub id of a model spec (None for a local directory or file: a path says nothing to a reader)."""
+    if spec == EMBEDDED_MODEL:
+        return EMBEDDED_BASE
+    if spec in ENCODERS:
+        return ENCODERS[spec]
+    looks_like_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+    return spec if looks_like_id else None
+
+
+def write_cards(run: Path) -> list[Path]:
+    """A card in each of the run's handed-over folders that exist; the paths written."""
+    config, metrics = runs.read_config(run), runs.read_metrics(run)
+    student = runs.read_student(run) if (run / runs.STUDENT_RECORD).is_file() else None
+    written = []
+    for folder, kind in ((runs.ADAPTER, "adapter"), (runs.MERGED, "merged"), (runs.STUDENT, "student")):
+        if (run / folder).is_dir():
+            written.append(_write(run / folder, kind, run, config, metrics, student))
+        if (run / folder / "onnx").is_dir():
+            written.append(_write(run / folder / "onnx", "onnx", run, config, metrics, student))
+    if (run / "onnx").is_dir():
+        written.append(_write(run / "onnx", "onnx", run, config, metrics, student))
+    return written
+
+
+def _write(folder: Path, kind: str, run: Path, config: Config, metrics, student) -> Path:
+    test = student.test if kind == "student" or (kind == "onnx" and folder.parent.name == runs.STUDENT) else None
+    test = test or metrics.test
+    base = base_model_id(student.model if test is not metrics.test else config.model)
+    header = _metadata(kind, run.name, base, config, test)
+    body = [
+        f"# {run.name}: {_what(kind, config, student)}",
+        "",
+        f"Made with loracls from `{config.model}`"
+        + (f" ({base})" if base and base != config.model else "")
+        + f". Labels: {', '.join(runs.read_labels(run).values())}. Problem: `{metrics.problem}`.",
+        "",
+        "## Data",
+        "",
+        f"`{config.data}`: "
+        + ", ".join(f"{split} {sum(counts.values())}" for split, counts in metrics.data.items())
+        + " texts (per label: "
+        + "; ".join(f"{s}: {_counts(c)}" for s, c in metrics.data.items())
+        + ").",
+        "",
+        "## Results on the test split",
+        "",
+        *_results(metrics, test),
+        "",
+        "## How to use it",
+        "",
+        *_usage(kind, folder, config, len(runs.read_labels(run))),
+        *_input_format(folder),
+    ]
+    path = folder / "README.md"
+    files.write_text(path, "---\n" + yaml.safe_dump(header, sort_keys=False) + "---\n" + "\n".join(body) + "\n")
+    return path
+
+
+def _what(kind: str, config: Config, student) -> str:
+    return {
+        "adapter": f"a LoRA adapter (r {config.r}) and classification head",
+        "merged": "the classifier with its LoRA merged",
+        "student": f"{student.model if student else 'an encoder'} distilled from the LoRA classifier",
+        "onnx": "the classifier as ONNX (checked with onnxruntime)",
+    }[kind]
+
+
+def _metadata(kind: str, name: str, base: str | None, config: Config, test) -> dict:
+    library = {"adapter": "peft", "merged": "transformers", "student": "transformers", "onnx": "onnx"}[kind]
+    data = {"library_name": library, "pipeline_tag": "text-classification"}
+    if base:
+        data["base_model"] = base
+    data["tags"] = ["loracls", "text-classification"] + (["lora"] if kind != "student" else ["distillation"])
+    dataset = EMBEDDED_DATASET if config.data == EMBEDDED_DATA else None
+    if dataset:
+        data["datasets"] = [dataset]
+    metrics = [
+        {"type": "accuracy", "value": round(float(test.accuracy), 4), "name": "test accuracy"},
+        {"type": "f1", "value": round(float(test.macro_f1), 4), "name": "test macro F1", "args": {"average": "macro"}},
+    ]
+    data["model-index"] = [
+        {
+            "name": name,
+            "results": [
+                {
+                    "task": {"type": "text-classification", "name": "Text Classification"},
+                    "dataset": {"name": dataset or Path(config.data).name, "type": dataset or "local", "split": "test"},
+                    "metrics": metrics,
+                }
+            ],
+        }
+    ]
+    return data
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{label} {n}" for label, n in counts.items())
+
+
+def _results(metrics, test) -> list[str]:
+    lines = [f"Accuracy {test.accuracy:.4f}, macro F1 {test.macro_f1:.4f}."]
+    verdict = metrics.verdict
+    if verdict is not None:
+        lines += ["", "| model | accuracy | macro F1 | ECE | texts/s | parameters |", "|---|---|---|---|---|---|"]
+        for row in verdict.rows:
+            ece = "-" if row.ece is None else f"{row.ece:.3f}"
+            speed = "-" if row.texts_per_second is None else f"{row.texts_per_second:.1f}"
+            size = "-" if row.parameters is None else f"{row.parameters / 1e6:.1f}M"
+            lines.append(f"| {row.name} | {row.accuracy:.4f} | {row.macro_f1:.4f} | {ece} | {speed} | {size} |")
+        lines += ["", f"Verdict: {verdict.reason}."]
+    calibration = metrics.calibration
+    if calibration is not None:
+        lines += [
+            "",
+            f"Calibration: temperature {calibration.temperature:.3f} fitted on validation; test ECE "
+            f"{calibration.before.ece:.3f} before, {calibration.after.ece:.3f} after.",
+        ]
+    return lines
+
+
+def _input_format(folder: Path) -> list[str]:
+    """What a client must do beyond the weights: the template, the length, the decision left to apply."""
+    if not (folder / runs.INPUT_FORMAT).is_file() and not (folder / runs.CALIBRATION).is_file():
+        return []
+    fmt = runs.InputFormat.read(
+        folder / (runs.INPUT_FORMAT if (folder / runs.INPUT_FORMAT).is_file() else runs.CALIBRATION)
+    )
+    lines = ["", f"Inputs: at most {fmt.max_length} tokens a text; longer texts: `{fmt.long_text}` in loracls."]
+    if fmt.input_template:
+        lines.append(f"Each text is placed in the template `{fmt.input_template!r}` before tokenizing.")
+    if fmt.decision.thresholds:
+        lines.append(
+            "A label is chosen where its sigmoid probability reaches its threshold (config.json `loracls_thresholds`)."
+        )
+    elif fmt.decision.temperature != 1.0:
+        lines.append(f"Divide the logits by the temperature {fmt.decision.temperature:.4f} before the softmax.")
+    else:
+        lines.append("The softmax of the logits is the calibrated probability (any temperature is in the head).")
+    return lines
+
+
+def _usage(kind: str, folder: Path, config: Config, labels: int) -> list[str]:
+    if kind == "adapter":
+        return [
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoModelForSequenceClassification",
+            f'base = AutoModelForSequenceClassification.from_pretrained("{base_model_id(config.model) or "BASE"}", '
+            f"num_labels={labels})",
+            'model = PeftModel.from_pretrained(base, "PATH/adapter")  # the head is saved with the adapter',
+            "```",
+            "",
+            "Or serve the run (base + adapter) with `loracls serve RUN`.",
+        ]
+    if kind == "onnx":
+        return [
+            "```python",
+            "import onnxruntime",
+            'session = onnxruntime.InferenceSession("PATH/model.onnx")',
+            'logits = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]',
+            "```",
+            "",
+            "Or `loracls predict RUN --engine onnx` / `loracls serve RUN --engine onnx`.",
+        ]
+    return [
+        "```python",
+        "from transformers import pipeline",
+        'classify = pipeline("text-classification", model="PATH", top_k=None'
+        + (", trust_remote_code=True)" if (folder / "modeling_loracls_generic.py").is_file() else ")"),
+        "```",
+        "",
+        f"Or `loracls predict {folder.name} --text ...` and `loracls serve {folder.name}`"
+        + " (vLLM's /classify and TEI's /predict shapes).",
+    ]

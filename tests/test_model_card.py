@@ -1,0 +1,33 @@
+"""The model cards a run writes in adapter/ and merged/ (and distill in student/), read back with
+huggingface_hub's ModelCard as the hub reads them."""
+
+from huggingface_hub import ModelCard
+
+from loracls import runs
+from loracls.config import EMBEDDED_MODEL
+from loracls.inference.model_card import base_model_id
+
+
+def test_base_model_is_a_hub_id_never_a_local_path(tmp_path):
+    assert base_model_id(EMBEDDED_MODEL) == "google/gemma-3-270m"
+    assert base_model_id("google/gemma-3-1b-it") == "google/gemma-3-1b-it"
+    assert base_model_id("minilm") == "sentence-transformers/all-MiniLM-L6-v2"
+    (tmp_path / "owner").mkdir()
+    (tmp_path / "owner" / "model").mkdir()
+    assert base_model_id(str(tmp_path / "owner" / "model")) is None and base_model_id("./models/x") is None
+
+
+def test_a_run_writes_cards_the_hub_parses(trained_runs):
+    run = trained_runs["gemma3"]
+    metrics = runs.read_metrics(run)
+    for folder, library in ((runs.ADAPTER, "peft"), (runs.MERGED, "transformers")):
+        card = ModelCard.load(run / folder / "README.md")
+        assert card.data.library_name == library and card.data.pipeline_tag == "text-classification"
+        assert card.data.base_model is None  # the tiny model is a local directory
+        assert "loracls" in card.data.tags and "[More Information Needed]" not in card.text
+        accuracy = next(r for r in card.data.eval_results if r.metric_type == "accuracy")
+        assert accuracy.metric_value == round(metrics.test.accuracy, 4) and accuracy.dataset_split == "test"
+        assert metrics.verdict.reason in card.text and "neg, pos" in card.text
+        assert f"train {metrics.data['train']['neg'] + metrics.data['train']['pos']}" in card.text
+    assert "PeftModel.from_pretrained" in (run / runs.ADAPTER / "README.md").read_text()
+    assert 'pipeline("text-classification"' in (run / runs.MERGED / "README.md").read_text()
