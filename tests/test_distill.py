@@ -5,7 +5,6 @@ import json
 import shutil
 from dataclasses import replace
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -153,7 +152,7 @@ def test_distill_writes_a_checked_student_that_joins_the_verdict(distilled):
 def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsys):
     from loracls.inference.group import EngineGroup
     from loracls.inference.loaded import engine_for
-    from loracls.inference.server import create_app
+    from test_serve_contract import ask
 
     run, _ = distilled
     capsys.readouterr()
@@ -164,18 +163,11 @@ def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsy
     names = list(group.served_runs())
     assert names == ["run", "run-student"]
 
-    async def ask():
-        app = create_app(group)
-        async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-                answers = [await client.post("/classify", json={"model": n, "input": ["good film"]}) for n in names]
-                unknown = await client.post("/classify", json={"model": "nope", "input": ["good film"]})
-                listed = await client.get("/v1/models")
-        return answers, unknown, listed
-
-    import asyncio
-
-    answers, unknown, listed = asyncio.run(ask())
+    requests = [("POST", "/classify", {"model": n, "input": ["good film"]}) for n in names]
+    *answers, unknown, listed = ask(
+        group,
+        [*requests, ("POST", "/classify", {"model": "nope", "input": ["good film"]}), ("GET", "/v1/models", None)],
+    )
     assert [a.status_code for a in answers] == [200, 200] and unknown.status_code == 404
     assert [a.json()["model"] for a in answers] == names
     assert [m["id"] for m in listed.json()["data"]] == names

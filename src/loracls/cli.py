@@ -264,9 +264,16 @@ def _numbers(text: str, flag: str) -> list[float]:
 
 
 def cmd_report(args) -> None:
+    from loracls import runs
     from loracls.diagnostics.report import write_report
+    from loracls.training.tracking import tracking
 
-    print(write_report(args.run))
+    page = write_report(args.run)
+    trackers = runs.read_config(Path(args.run)).report_to
+    if trackers:  # the page and its figures join the run's tracked artifacts
+        with tracking(trackers, Path(args.run), resumed=True) as tracked:
+            tracked.artifacts([page, *sorted(page.parent.glob("*.png"))])
+    print(page)
 
 
 def _engine_options(args, batch_size: int | None = None):

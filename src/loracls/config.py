@@ -159,6 +159,11 @@ class Config:
     merge_dtype: Literal["fp32", "bf16"] = _help("fp32", "the merged weights (bf16: half the size)")
     # --- baselines (scored on the test split before training) ---
     baseline: bool = _help(True, "false: no baseline at all")
+    report_to: list[Literal["mlflow", "tensorboard"]] = _help(
+        list,
+        "experiment trackers fed with the settings, every train_log line, the test metrics and the records: "
+        "mlflow (MLFLOW_TRACKING_URI, else OUTPUT_DIR/mlruns), tensorboard (RUN/tensorboard); each an extra",
+    )
     baselines: list[str] = _help(
         lambda: ["zero_shot", "tfidf", "encoder", "head"],
         "which baselines: zero_shot, tfidf, encoder (classification); zero_shot, head (label_and_comment: the "

@@ -170,6 +170,8 @@ def _allowed(key: str) -> str:
     info, hint = Config.__pydantic_fields__[key], _base_type(_TYPES[key])
     if typing.get_origin(hint) is Literal:
         words = "one of " + ", ".join(map(str, typing.get_args(hint)))
+    elif typing.get_origin(hint) is list and typing.get_origin(typing.get_args(hint)[0]) is Literal:
+        words = "a list of " + ", ".join(map(str, typing.get_args(typing.get_args(hint)[0])))
     else:
         names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
         bounds = [f"{names[n]} {getattr(m, n)}" for m in info.metadata for n in names if hasattr(m, n)]

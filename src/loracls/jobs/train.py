@@ -39,6 +39,7 @@ from loracls.training import distributed
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult
 from loracls.training.plan import describe
+from loracls.training.tracking import Tracking, check_installed, tracking
 from loracls.verdict import LadderRow
 
 
@@ -50,6 +51,7 @@ class Job:
     run: Path
     resumed: bool
     attention: str | None  # the attention implementation the speed-ups chose
+    tracking: Tracking  # report_to's trackers (none: nothing is sent)
 
     @property
     def config(self) -> Config:
@@ -113,6 +115,9 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     (job.run / runs.CHECKPOINT).unlink(missing_ok=True)  # finished: nothing left to resume
     runs.remove_leftovers(job.run)
     write_cards(job.run)  # adapter/ and merged/ say what they are, how well and how to load them
+    final = {"test_accuracy": test.accuracy, "test_macro_f1": test.macro_f1, "wall_seconds": metrics.wall_seconds}
+    job.tracking.metrics(final | ({"test_ece": calibration.after.ece} if calibration else {}), result.steps)
+    job.tracking.artifacts([job.run / name for name in (runs.METRICS, runs.CONFIG, runs.TRAIN_LOG)])
     _say_done(job, metrics)
     return job.run
 
@@ -133,6 +138,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     runtime = setup_runtime(config.device, config.precision, config.threads, config.deterministic)
     runtime.device = distributed.local_device(runtime.device)
     preflight(config, runtime)
+    check_installed(config.report_to)
     dataset = load_dataset(config)
     log("data: class counts\n" + format_counts(dataset))
     scorer = scorer_for(problem_for(config.problem))
@@ -146,7 +152,9 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     log(f"runtime: device {runtime.device}, precision {precision_reason(runtime, config.precision)}")
     run = resume_dir if resume_dir is not None else new_run(config, runtime, dataset, held)
     log(f"run directory: {run}")
-    return Job(setup, scorer, built, run, resume_dir is not None, attention)
+    trackers = held.enter_context(tracking(config.report_to if distributed.is_main() else [], run, bool(resume_dir)))
+    trackers.params(dataclasses.asdict(config))
+    return Job(setup, scorer, built, run, resume_dir is not None, attention, trackers)
 
 
 def _check_rungs(
@@ -213,7 +221,8 @@ def _fit(job: Job) -> TrainResult:
     config, built = job.config, job.built
     train_set = job.scorer.train_set(job.setup, built)
     validate = job.scorer.validate(job.setup, built)
-    trainer = Trainer(built.model, train_set, validate, config, job.setup.runtime, RunLogger(job.run, job.log))
+    logger = RunLogger(job.run, job.log, job.tracking)
+    trainer = Trainer(built.model, train_set, validate, config, job.setup.runtime, logger)
     if job.resumed:
         trainer.load_checkpoint()
     examples = len(job.setup.dataset.train)

@@ -10,11 +10,13 @@ from tqdm import tqdm
 from loracls import files, runs
 from loracls.training import distributed
 from loracls.training.stopping import EarlyStopping
+from loracls.training.tracking import Tracking
 
 
 class RunLogger:
-    def __init__(self, run: Path, say=print):
+    def __init__(self, run: Path, say=print, tracking: Tracking | None = None):
         self.run, self._say, self.lines = run, say, 0
+        self.tracking = tracking or Tracking([])  # report_to: every line also goes to the run's trackers
         self.main = distributed.is_main()
         self.bar: tqdm | None = None
 
@@ -24,7 +26,9 @@ class RunLogger:
 
     def line(self, record: runs.TrainLogLine | runs.ValidationLogLine) -> None:
         if self.main:
-            files.append_jsonl(self.run / runs.TRAIN_LOG, runs.to_dict(record))
+            values = runs.to_dict(record)
+            files.append_jsonl(self.run / runs.TRAIN_LOG, values)
+            self.tracking.metrics({k: v for k, v in values.items() if k not in ("step", "epoch")}, record.step)
         self.lines += 1
 
     def rewind(self, lines: int) -> None:
@@ -34,6 +38,8 @@ class RunLogger:
         self.lines = lines
 
     def resumed(self, step: int, epoch: int, stopping: EarlyStopping) -> None:
+        if self.main:
+            self.tracking.rewind(step)
         self.say(
             f"resume: from step {step} (epoch {epoch}), best validation accuracy {stopping.best_accuracy:.4f} "
             f"at step {stopping.best_step}"
