@@ -175,8 +175,9 @@ def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsy
 
 def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
     run, _ = distilled
+    capsys.readouterr()
     assert main(["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1"]) == 0
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "(0 read from" not in said and " read from " in said
     assert set(runs.read_student(run).weights) == {"1"}
     assert [row.name for row in runs.read_metrics(run).verdict.rows].count("student") == 1  # replaced, not added
