@@ -17,6 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import make_tokenizer
 from loracls.data.batching import Encoded
 from loracls.inference.server import create_app
 from loracls.problems import Decision
@@ -49,6 +50,7 @@ class FakeClassifier:
         self.temperature = None if multi_label else 1.0
         self.runtime = SimpleNamespace(device="cpu")
         self.batches, self.gate = [], gate
+        self.tokenizer = make_tokenizer()  # /tokenize and /decode
 
     def encode(self, texts):
         words = [text.split() for text in texts]
