@@ -18,6 +18,8 @@ __all__ = [
     "plain_check",
     "onnx_export",
     "server",
+    "served",
+    "tokens",
     "batcher",
     "http",
     "protocol",

@@ -1,4 +1,5 @@
-"""Jobs: the main train job as named phases, the label_and_comment job, the baseline ladder and verdict, the
-Optuna search, trainings as Ray Tune trials (`ray_trials`, for tune and sweep), and the preflight checks."""
+"""Jobs: the one training job as named phases (every problem, through its scorer), the baseline ladder and
+verdict, distillation of a finished run into an encoder, the Optuna search, trainings as Ray Tune trials
+(`ray_trials`, for tune and sweep), and the preflight checks."""
 
-__all__ = ["train", "comment", "ladder", "tune", "ray_trials", "preflight"]
+__all__ = ["train", "ladder", "distill", "tune", "ray_trials", "preflight"]

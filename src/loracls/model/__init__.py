@@ -1,6 +1,7 @@
 """Model: where weights come from, where a checkpoint keeps its decoder (text-only or inside a multimodal
 wrapper), the tokenizer, the classifier head and its pooling, LoRA with its checks, batched scoring, label
-scoring and comment generation with a causal LM, and the CPU speed-ups."""
+scoring and comment generation with a causal LM, the two scorers a problem trains with (`scorers`: a head, or
+the label words), and the CPU speed-ups."""
 
 __all__ = [
     "source",
@@ -12,5 +13,6 @@ __all__ = [
     "scoring",
     "label_scoring",
     "generation",
+    "scorers",
     "speedups",
 ]
