@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # loracls 15's measurement: each finished LoRA run of the defaults study (benchmarks/study13/run.sh OUT: the
 # `defaults` variant, 2000 training texts a set) distilled into MiniLM with the texts its splits left out as the
-# unlabeled set (at most MAX_UNLABELED, default 4000), 1 thread; the student's record is kept under
+# unlabeled set (at most MAX_UNLABELED, default 3000), 1 thread; the student's record is kept under
 # benchmarks/distill/results/SET.json (committed), beside the same MiniLM fine-tuned on the gold labels alone
 # (the study's `encoders` run of the set) and the teacher. Resumable: a set with a kept record is skipped; the
 # teacher's scores are cached in the run. Table: python3 benchmarks/distill/summarize.py STUDY_OUT
@@ -18,7 +18,7 @@ for set in "${sets[@]}"; do
   [ -f "$here/results/$set.json" ] && continue
   [ -f "$run/metrics.json" ] || { echo "distill: $run has not finished; skipped"; continue; }
   echo "$(date -u +%FT%TZ) distill $set"
-  OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-4000}" \
+  OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-3000}" \
     >> "$out/logs/distill-$set.log" 2>&1 && cp "$run/student.json" "$here/results/$set.json" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
 done
