@@ -153,6 +153,8 @@ def parse_overrides(pairs: list[str]) -> dict:
 def from_dict(values: dict, base: Config | None = None) -> Config:
     merged = dataclasses.asdict(base) if base is not None else {}
     for key, value in values.items():
+        if not isinstance(key, str):  # YAML allows any key: `?`, `1: 2`, `[a]: b`
+            raise LoraclsError(f"config: a key must be a name, got {shown(key)} ({type(key).__name__})")
         if key not in FIELDS:
             raise LoraclsError(f"config: unknown key {shown(key)}{_nearest(key)}")
         merged[key] = _coerce(key, value)
