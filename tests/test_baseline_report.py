@@ -11,6 +11,7 @@ from loracls.cli import main
 from loracls.config_reader import load_config
 from loracls.errors import LoraclsError
 from loracls.hardware import Runtime
+from loracls.model.label_scoring import LabelPrompt
 from loracls.model.label_scoring import LabelScorer as ZeroShotScorer
 
 
@@ -27,7 +28,7 @@ def test_scores_are_exact_log_probabilities_despite_left_padding(gemma3_dir):
     model = AutoModelForCausalLM.from_pretrained(gemma3_dir).eval()
     tokenizer = make_tokenizer()
     runtime = Runtime(torch.device("cpu"), torch.float32)
-    scorer = ZeroShotScorer(model, tokenizer, "{text} was", ["good", "very good"], 64, 4, runtime)
+    scorer = ZeroShotScorer(model, tokenizer, LabelPrompt("{text} was", ["good", "very good"], 64), 4, runtime)
     assert [len(v) for v in scorer.verbalizer_ids] == [1, 2]
     texts = ["the film", "a very long boring plot and the actor was dull"]
     scores = scorer.label_logprobs(texts)
@@ -140,12 +141,11 @@ def test_zero_shot_cost_is_one_pass_per_batch_whatever_the_number_of_labels(gemm
     model.forward = counting
     runtime = Runtime(torch.device("cpu"), torch.float32)
     texts = [f"the film {i} was" for i in range(10)]
-    six = ZeroShotScorer(
-        model, make_tokenizer(), "{text}", ["good", "bad", "ok", "meh", "dull", "fine"], 64, 4, runtime
-    )
+    six_words = LabelPrompt("{text}", ["good", "bad", "ok", "meh", "dull", "fine"], 64)
+    six = ZeroShotScorer(model, make_tokenizer(), six_words, 4, runtime)
     assert six.label_logprobs(texts).shape == (10, 6) and calls["n"] == 3  # ceil(10 / 4) batches
     calls["n"] = 0
-    two_tokens = ZeroShotScorer(model, make_tokenizer(), "{text}", ["good", "very good"], 64, 4, runtime)
+    two_tokens = ZeroShotScorer(model, make_tokenizer(), LabelPrompt("{text}", ["good", "very good"], 64), 4, runtime)
     two_tokens.label_logprobs(texts)
     assert calls["n"] == 6  # the prompts once, plus one short continuation pass for the two-token label
 

@@ -100,6 +100,8 @@ def cmd_serve(args) -> None:
     from loracls.inference.loaded import engine_for
     from loracls.inference.server import ServeLimits, serve
 
+    for path in args.run:  # each one a run or an exported model, said in one line before anything loads
+        runs.check_model_dir(path)
     if len(args.run) > 1 and any(runs.owning_run(Path(p)) != Path(p) for p in args.run):
         from loracls.inference.group import EngineGroup  # exported models (a student) beside runs: side by side
 

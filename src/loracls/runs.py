@@ -421,7 +421,7 @@ def check_model_dir(path: str) -> Path:
         return check_run_dir(path)
     if not (model / "config.json").is_file():
         raise LoraclsError(
-            f"{path} is neither a finished loracls run directory ({CONFIG} missing) nor an exported model "
+            f"{path} is not a finished loracls run directory ({CONFIG} missing), nor an exported model "
             f"directory (config.json missing)"
         )
     return model

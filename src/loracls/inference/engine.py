@@ -121,7 +121,7 @@ class Classifier(RunFormat):
         elif (source / "config.json").is_file():
             self._from_merged(source, log, device, precision)
         else:
-            raise LoraclsError(f"{path} is neither a finished loracls run directory nor a merged model directory")
+            raise LoraclsError(f"{path} is not a finished loracls run directory, nor a merged model directory")
         self.batch_size = batch_size or self.batch_size
         for param in self.model.parameters():
             param.requires_grad_(False)
