@@ -43,6 +43,7 @@ from loracls.inference.engine import Engine
 from loracls.inference.export import compare_predictions, export_checked, refuse_unfaithful, save_text_layout
 from loracls.inference.loaded import EngineOptions, engine_for
 from loracls.inference.model_card import write_cards
+from loracls.jobs.ladder import encoder_row
 from loracls.model.classifier import load_standalone
 from loracls.model.lora import head_name
 from loracls.model.scoring import Batching, predict_logits
@@ -262,16 +263,8 @@ def student_row(record: StudentRecord) -> LadderRow:
     speed = ""
     if record.teacher_texts_per_second:
         speed = f", {record.texts_per_second / record.teacher_texts_per_second:.1f}x the teacher's texts/s"
-    return LadderRow(
-        STUDENT_ROW,
-        record.test.accuracy,
-        record.test.macro_f1,
-        ece=record.test_ece,
-        train_seconds=record.train_seconds,
-        texts_per_second=record.texts_per_second,
-        parameters=record.parameters,
-        detail=(
-            f"{record.model} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
-            f"{record.unlabeled_texts} unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
-        ),
+    detail = (
+        f"{record.model} distilled from LoRA (teacher weight {record.teacher_weight:g}, {record.unlabeled_texts} "
+        f"unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
     )
+    return encoder_row(record, STUDENT_ROW, detail)

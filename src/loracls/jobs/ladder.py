@@ -171,22 +171,24 @@ def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by:
         )
     several = len(ladder.encoders) > 1
     for enc in ladder.encoders:
-        rows.append(
-            LadderRow(
-                f"encoder {enc.model}" if several else "encoder",
-                enc.test.accuracy,
-                enc.test.macro_f1,
-                ece=enc.test_ece,
-                train_seconds=enc.train_seconds,
-                texts_per_second=enc.texts_per_second,
-                parameters=enc.parameters,
-                detail=(
-                    f"{enc.model} fine-tuned, lr {enc.learning_rate:g}, best epoch {enc.best_epoch} of "
-                    f"{enc.epochs}" + (" (still improving)" if enc.still_improving else "")
-                ),
-            )
-        )
+        detail = f"{enc.model} fine-tuned, lr {enc.learning_rate:g}, best epoch {enc.best_epoch} of {enc.epochs}"
+        name = f"encoder {enc.model}" if several else "encoder"
+        rows.append(encoder_row(enc, name, detail + (" (still improving)" if enc.still_improving else "")))
     return decide(rows + [lora], examples, select_by)
+
+
+def encoder_row(record: EncoderRecord, name: str, detail: str) -> LadderRow:
+    """A fine-tuned encoder's row of the verdict (a distilled student's too): its test scores and cost."""
+    return LadderRow(
+        name,
+        record.test.accuracy,
+        record.test.macro_f1,
+        ece=record.test_ece,
+        train_seconds=record.train_seconds,
+        texts_per_second=record.texts_per_second,
+        parameters=record.parameters,
+        detail=detail,
+    )
 
 
 def say_verdict(verdict: Verdict, log) -> None:
