@@ -219,7 +219,9 @@ def test_batcher_refuses_what_its_queue_can_never_hold():
 
 def test_serve_refuses_a_non_run_in_one_line(tmp_path, capsys):
     assert main(["serve", str(tmp_path), "--port", "0"]) == 2
-    assert "not a finished loracls run directory (config.yaml missing), nor an exported model" in capsys.readouterr().err
+    assert (
+        "not a finished loracls run directory (config.yaml missing), nor an exported model" in capsys.readouterr().err
+    )
 
 
 def test_accepted_connections_send_without_waiting_for_acks():
