@@ -50,6 +50,10 @@ class Dataset:
     def label2id(self) -> dict[str, int]:
         return {name: i for i, name in self.id2label.items()}
 
+    def texts(self) -> set[str]:
+        """Every text of the three splits."""
+        return set(self.train.texts) | set(self.validation.texts) | set(self.test.texts)
+
     def class_counts(self) -> dict[str, dict[str, int]]:
         out = {}
         for split_name in ("train", "validation", "test"):
@@ -323,6 +327,6 @@ def left_out_texts(config: Config, dataset: Dataset) -> list[str]:
     are the unlabeled texts `distill` scores with the teacher by default."""
     if config.validation_data is not None:
         return []
-    used = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
+    used = dataset.texts()
     frame = _read_checked(config.data, config, [])
     return [text for text in dict.fromkeys(frame["text"]) if text not in used]

@@ -47,9 +47,9 @@ def write_cards(run: Path) -> list[Path]:
 
 
 def _write(folder: Path, kind: str, run: Path, config: Config, metrics, student) -> Path:
-    test = student.test if kind == "student" or (kind == "onnx" and folder.parent.name == runs.STUDENT) else None
-    test = test or metrics.test
-    base = base_model_id(student.model if test is not metrics.test else config.model)
+    of_student = student is not None and (kind == "student" or folder.parent.name == runs.STUDENT)
+    test = student.test if of_student else metrics.test
+    base = base_model_id(student.model if of_student else config.model)
     header = _metadata(kind, run.name, base, config, test)
     body = [
         f"# {run.name}: {_what(kind, config, student)}",

@@ -128,7 +128,7 @@ def _unlabeled(file: str | None, config: Config, dataset: Dataset, log: Log) -> 
     source = TextColumn(file, config.text_column)
     check_texts(source, CHUNK_ROWS)
     read = [text for chunk in text_chunks(source, CHUNK_ROWS) for text in chunk]
-    splits = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
+    splits = dataset.texts()
     texts = [text for text in dict.fromkeys(read) if text not in splits]
     log(f"distill: {len(texts)} unlabeled texts from {file} ({len(read) - len(texts)} repeats or split texts left out)")
     return texts
