@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loracls.config_reader import load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.hardware import Runtime
 from loracls.model.generation import Decoding, comments_after_labels
@@ -39,7 +40,7 @@ def main(texts: int = 8, beams: int = 4, max_new_tokens: int = 16) -> dict:
     runtime = Runtime(torch.device("cpu"), torch.bfloat16)
     model_dir = resolve_model_dir(config.model, lambda *a: None)
     tokenizer = load_tokenizer(model_dir, lambda *a: None)
-    prompts = load_dataset(config).test.texts[:texts]
+    prompts = load_dataset(DataSpec.of(config)).test.texts[:texts]
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     model.requires_grad_(False)
     result = {"texts": texts, "beams": beams, "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads()}

@@ -55,6 +55,7 @@ def _worker(recipe: str, config: Config, steps: int, log) -> dict:
 
 
 def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=print, repeats: int = 1) -> dict:
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
     from loracls.training.plan import plan_steps
 
@@ -62,7 +63,7 @@ def run_bench(config: Config, steps: int, recipes: list[str], full: bool, log=pr
     results = {recipe: max((r[recipe] for r in rounds), key=lambda x: x["tokens_per_second"]) for recipe in recipes}
     for recipe, result in results.items():
         result["tokens_per_second_rounds"] = [r[recipe]["tokens_per_second"] for r in rounds]
-    _, total_steps = plan_steps(len(load_dataset(config).train), config)
+    _, total_steps = plan_steps(len(load_dataset(DataSpec.of(config)).train), config)
     for result in results.values():
         result["projected_train_minutes"] = total_steps * result["seconds_per_step"] / 60
     report = {

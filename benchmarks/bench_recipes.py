@@ -21,6 +21,7 @@ from loracls.training.mfu import mfu, train_flops_per_token
 
 def _setup(config: Config, ours: bool = True):
     """Model, data and runtime for one recipe; the other recipes get plain PEFT (its own dropout)."""
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.classifier import load_classifier
@@ -28,7 +29,7 @@ def _setup(config: Config, ours: bool = True):
     from loracls.model.source import resolve_model_dir
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
-    dataset = load_dataset(config)
+    dataset = load_dataset(DataSpec.of(config))
     torch.manual_seed(config.seed)
     loaded = load_classifier(resolve_model_dir(config.model, lambda *a: None), dataset.id2label, log=lambda *a: None)
     peft_model, _ = apply_lora(

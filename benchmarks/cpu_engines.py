@@ -46,9 +46,10 @@ def main() -> int:
     import torch
 
     from loracls import runs
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
 
-    test = load_dataset(runs.read_config(Path(args.run))).test
+    test = load_dataset(DataSpec.of(runs.read_config(Path(args.run)))).test
     made = engines(args.run, args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)  # after the engines: each setup sets torch's threads again

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loracls.config_reader import load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.hardware import setup_runtime
 from loracls.model.generation import Decoding, generate
@@ -29,7 +30,7 @@ def main(texts: int = 32, max_new_tokens: int = 32, batch: int = 16) -> dict:
     model_dir = resolve_model_dir(config.model, lambda *a: None)
     tokenizer = load_tokenizer(model_dir, lambda *a: None)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    split = load_dataset(config).test
+    split = load_dataset(DataSpec.of(config)).test
     scorer = LabelScorer(
         model, tokenizer, LabelPrompt(DEFAULT_TEMPLATE, ["fresh", "rotten"], config.max_length), batch, runtime
     )

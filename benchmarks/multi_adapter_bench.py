@@ -80,9 +80,10 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from loracls import runs as run_files
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
 
-    test = load_dataset(run_files.read_config(args.runs[0])).test.texts
+    test = load_dataset(DataSpec.of(run_files.read_config(args.runs[0]))).test.texts
     texts = [test[i % len(test)] for i in range(args.requests)]
     names = [run.name for run in args.runs]
     spread = [names[i % len(names)] for i in range(len(texts))]

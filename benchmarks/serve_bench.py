@@ -160,9 +160,10 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from loracls import runs
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
 
-    test = load_dataset(runs.read_config(args.run)).test.texts
+    test = load_dataset(DataSpec.of(runs.read_config(args.run))).test.texts
     texts = [test[i % len(test)] for i in range(args.requests)]
     levels = [int(x) for x in args.concurrency.split(",")]
     report = {"run": str(args.run), "requests": args.requests, "cpu_threads": os.cpu_count()}

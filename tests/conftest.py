@@ -194,6 +194,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
 
     from loracls.config_reader import from_dict
     from loracls.data.batching import TextEncoder, TrainSet
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import class_weight_vector, load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.classifier import load_classifier
@@ -207,7 +208,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
 
     settings = {"model": str(model_dir), "data": str(data), "train_size": 40, "validation_size": 4, "test_size": 4}
     config = from_dict({**settings, "precision": "fp32", "output_dir": str(run.parent), **values})
-    dataset, quiet = load_dataset(config), lambda *a: None
+    dataset, quiet = load_dataset(DataSpec.of(config)), lambda *a: None
     runtime = runtime or setup_runtime(config.device, config.precision, 1)
     torch.manual_seed(config.seed)
     loaded = load_classifier(model_dir, dataset.id2label, log=quiet)
@@ -218,7 +219,7 @@ def tiny_trainer(model_dir: Path, data: Path, run: Path, evaluate=None, runtime=
     apply_speedups(model, runtime, False, False)
     encoder, pad_id = TextEncoder.for_config(config, loaded.tokenizer), loaded.tokenizer.pad_token_id
     train, validation = encoder.encode(dataset.train.texts), encoder.encode(dataset.validation.texts)
-    weights = class_weight_vector(config, dataset)
+    weights = class_weight_vector(config.class_weights, dataset)
     train_set = TrainSet(
         train.ids, [dataset.train.labels[i] for i in train.owner], len(dataset.id2label), pad_id, dataset.kind,
         None if weights is None else torch.tensor(weights, device=runtime.device),

@@ -152,6 +152,7 @@ def test_zero_shot_cost_is_one_pass_per_batch_whatever_the_number_of_labels(gemm
 
 def test_tfidf_baseline_learns_and_keeps_every_label(tmp_path):
     from loracls.baselines.tfidf import C_GRID, run_tfidf
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
 
     path = tmp_path / "d.csv"
@@ -167,7 +168,7 @@ def test_tfidf_baseline_learns_and_keeps_every_label(tmp_path):
             "balance=false",
         ],
     )
-    record = run_tfidf(load_dataset(config), seed=0, log=lambda *a: None)
+    record = run_tfidf(load_dataset(DataSpec.of(config)), seed=0, log=lambda *a: None)
     assert record.c in C_GRID and record.features > 0 and record.seconds > 0
     assert record.test.accuracy >= 0.9 and record.validation_accuracy >= 0.9
     assert record.test.per_class["other"].support == 0 and record.test.confusion_matrix.labels == [

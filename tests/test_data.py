@@ -5,6 +5,7 @@ import torch
 from conftest import synthetic_frame
 from loracls.config_reader import load_config
 from loracls.data.batching import collate, length_grouped_batches
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
@@ -31,7 +32,7 @@ def test_reads_every_format(tmp_path, suffix):
         "parquet": lambda: frame.to_parquet(path),
     }[suffix]()
     assert read_table(str(path)).equals(frame)
-    dataset = load_dataset(config_for(path))
+    dataset = load_dataset(DataSpec.of(config_for(path)))
     assert dataset.id2label == {0: "neg", 1: "pos"}
     assert len(dataset.train) == 40 and len(dataset.validation) == 10 and len(dataset.test) == 10
 
@@ -39,8 +40,8 @@ def test_reads_every_format(tmp_path, suffix):
 def test_splits_are_seeded_balanced_and_disjoint(tmp_path):
     path = tmp_path / "d.csv"
     synthetic_frame(200).to_csv(path, index=False)
-    a, b = load_dataset(config_for(path)), load_dataset(config_for(path))
-    c = load_dataset(config_for(path, seed=7))
+    a, b = load_dataset(DataSpec.of(config_for(path))), load_dataset(DataSpec.of(config_for(path)))
+    c = load_dataset(DataSpec.of(config_for(path, seed=7)))
     assert a.train.texts == b.train.texts and a.test.texts == b.test.texts
     assert a.train.texts != c.train.texts
     counts = a.class_counts()
@@ -64,7 +65,7 @@ def test_label_order_from_config_and_given_splits(tmp_path):
             "labels=[pos, neg]",
         ],
     )
-    dataset = load_dataset(config)
+    dataset = load_dataset(DataSpec.of(config))
     assert dataset.id2label == {0: "pos", 1: "neg"}
     assert (len(dataset.train), len(dataset.validation), len(dataset.test)) == (80, 20, 20)
 
@@ -82,7 +83,7 @@ def test_bad_data_is_refused_in_one_line(tmp_path, mutate, message):
     path = tmp_path / "d.csv"
     mutate(synthetic_frame(80)).to_csv(path, index=False)
     with pytest.raises(LoraclsError, match=message) as info:
-        load_dataset(config_for(path, balance="false"))
+        load_dataset(DataSpec.of(config_for(path, balance="false")))
     assert "\n" not in str(info.value)
 
 
@@ -91,28 +92,28 @@ def test_unknown_labels_are_refused(tmp_path):
     path = tmp_path / "d.csv"
     frame.to_csv(path, index=False)
     with pytest.raises(LoraclsError, match="unknown label.*'pos'"):
-        load_dataset(config_for(path, labels="[neg, other]"))
+        load_dataset(DataSpec.of(config_for(path, labels="[neg, other]")))
     test = frame[:10].assign(label="surprise")
     test.to_csv(tmp_path / "t.csv", index=False)
     config = load_config(
         None, [f"data={path}", f"validation_data={path}", f"test_data={tmp_path / 't.csv'}", "allow_overlap=true"]
     )
     with pytest.raises(LoraclsError, match="unknown label.*'surprise'"):
-        load_dataset(config)
+        load_dataset(DataSpec.of(config))
 
 
 def test_missing_file_and_too_small_data(tmp_path):
     with pytest.raises(LoraclsError, match="not found"):
-        load_dataset(config_for(tmp_path / "nope.csv"))
+        load_dataset(DataSpec.of(config_for(tmp_path / "nope.csv")))
     (tmp_path / "d.txt").write_text("x")
     with pytest.raises(LoraclsError, match="unsupported"):
-        load_dataset(config_for(tmp_path / "d.txt"))
+        load_dataset(DataSpec.of(config_for(tmp_path / "d.txt")))
     path = tmp_path / "d.csv"
     synthetic_frame(30).to_csv(path, index=False)
     with pytest.raises(LoraclsError, match="balanced split needs"):
-        load_dataset(config_for(path, balance="true"))
+        load_dataset(DataSpec.of(config_for(path, balance="true")))
     with pytest.raises(LoraclsError, match=r"30 examples, fewer than the splits ask for \(40 \+ 10 \+ 10\)"):
-        load_dataset(config_for(path))
+        load_dataset(DataSpec.of(config_for(path)))
 
 
 def test_user_data_is_split_stratified_and_the_embedded_data_balanced(tmp_path):
@@ -120,7 +121,7 @@ def test_user_data_is_split_stratified_and_the_embedded_data_balanced(tmp_path):
     frame = pd.concat([frame[frame.label == "neg"][: 500 // 6], frame[frame.label == "pos"]], ignore_index=True)
     path = tmp_path / "imbalanced.csv"
     frame.to_csv(path, index=False)  # 83 neg : 300 pos
-    dataset = load_dataset(config_for(path, train_size=200, validation_size=60, test_size=60))
+    dataset = load_dataset(DataSpec.of(config_for(path, train_size=200, validation_size=60, test_size=60)))
     counts = dataset.class_counts()
     assert counts == {
         "train": {"neg": 43, "pos": 157},
@@ -129,9 +130,11 @@ def test_user_data_is_split_stratified_and_the_embedded_data_balanced(tmp_path):
     }
     every = dataset.train.texts + dataset.validation.texts + dataset.test.texts
     assert len(set(every)) == len(every) == 320
-    rest = load_dataset(config_for(path, train_size="null", validation_size=60, test_size=60))
+    rest = load_dataset(DataSpec.of(config_for(path, train_size="null", validation_size=60, test_size=60)))
     assert sum(rest.class_counts()["train"].values()) == len(frame.drop_duplicates("text")) - 120
-    balanced = load_dataset(config_for(path, train_size=100, validation_size=20, test_size=20, balance="true"))
+    balanced = load_dataset(
+        DataSpec.of(config_for(path, train_size=100, validation_size=20, test_size=20, balance="true"))
+    )
     assert balanced.class_counts()["train"] == {"neg": 50, "pos": 50}
     assert load_config().balanced_splits and not config_for(path).balanced_splits
 
@@ -167,3 +170,24 @@ def test_input_template_wraps_and_truncates_only_the_text():
     long_text = " ".join(["film"] * 100)
     ids = encode(tokenizer, [long_text], 16, "{text} was")[0]
     assert len(ids) <= 16 and ids[-1] == tokenizer.convert_tokens_to_ids("was")
+
+
+def test_data_spec_is_the_data_stage_s_only_view_of_the_config(tmp_path):
+    """The data stage takes a frozen DataSpec built once from the config; building it refuses settings the
+    problem type cannot use, and the splits module never reads the Config."""
+    import ast
+    import dataclasses
+
+    import loracls.data.splits as splits_module
+
+    path = tmp_path / "d.csv"
+    synthetic_frame(200).to_csv(path, index=False)
+    spec = DataSpec.of(config_for(path, labels="[neg, pos]"))
+    assert spec.labels == ("neg", "pos") and spec.data == str(path) and not spec.given_splits
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seed = 1  # type: ignore[misc]
+    with pytest.raises(LoraclsError, match="label_separator"):
+        DataSpec.of(config_for(path, label_separator="'|'"))
+    tree = ast.parse(open(splits_module.__file__).read())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert "Config" not in imported

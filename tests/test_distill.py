@@ -16,6 +16,7 @@ from loracls import runs
 from loracls.baselines.student import StudentFit, Teaching
 from loracls.cli import main
 from loracls.config_reader import from_dict
+from loracls.data.spec import DataSpec
 from loracls.data.splits import left_out_texts, load_dataset
 from loracls.hardware import Runtime
 from loracls.jobs.distill import TEACHER_CHUNK, _unlabeled, teacher_probabilities
@@ -29,7 +30,7 @@ def _config(data, **extra):
 
 
 def _fit(config, teaching):
-    return StudentFit(load_dataset(config), config, CPU, lambda *_: None, str(TINY_ENCODER[0]), teaching)
+    return StudentFit(load_dataset(DataSpec.of(config)), config, CPU, lambda *_: None, str(TINY_ENCODER[0]), teaching)
 
 
 @pytest.mark.parametrize("problem", ["single_label", "multi_label"])
@@ -40,7 +41,7 @@ def test_the_student_loss_blends_the_teacher_and_the_gold_labels(data_csv, tmp_p
 
         label_sets_frame(300).to_json(tmp_path / "sets.jsonl", orient="records", lines=True)
         config = _config(tmp_path / "sets.jsonl", problem="multi_label")
-    dataset = load_dataset(config)
+    dataset = load_dataset(DataSpec.of(config))
     kind, n, labels = dataset.kind, len(dataset.train), len(dataset.id2label)
     rng = np.random.default_rng(0)
     teacher = rng.dirichlet(np.ones(labels), size=n + 2) if problem == "single_label" else rng.random((n + 2, labels))
@@ -101,8 +102,8 @@ def test_the_teacher_scores_are_cached_by_chunk_and_a_killed_call_continues(tmp_
 
 def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_csv, tmp_path):
     config = _config(data_csv)
-    dataset = load_dataset(config)
-    left = left_out_texts(config, dataset)
+    dataset = load_dataset(DataSpec.of(config))
+    left = left_out_texts(DataSpec.of(config), dataset)
     in_splits = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
     assert left and not set(left) & in_splits and len(left) == len(set(left))
     assert _unlabeled(None, config, dataset, lambda *_: None) == left
@@ -133,7 +134,9 @@ def test_distill_writes_a_checked_student_that_joins_the_verdict(distilled):
     record = runs.read_student(run)
     assert set(record.weights) == {"0.5", "1"} and record.teacher_weight in (0.5, 1.0)
     assert record.validation_score == max(record.weights.values())  # the weight chosen on validation
-    assert record.unlabeled_texts == len(left_out_texts(runs.read_config(run), load_dataset(runs.read_config(run))))
+    assert record.unlabeled_texts == len(
+        left_out_texts(DataSpec.of(runs.read_config(run)), load_dataset(DataSpec.of(runs.read_config(run))))
+    )
     assert record.export is not None and record.export.predictions_equal
     assert record.teacher_texts_per_second > 0 and 0 <= record.agreement_with_teacher <= 1
     rows = {row.name: row for row in runs.read_metrics(run).verdict.rows}

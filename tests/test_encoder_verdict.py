@@ -11,6 +11,7 @@ from loracls.baselines.encoder import run_encoder
 from loracls.baselines.zero_shot import code_labels
 from loracls.cli import main
 from loracls.config_reader import from_dict, load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.hardware import Runtime
 from loracls.verdict import LadderRow, decide, format_table
@@ -37,7 +38,7 @@ def _config(data, encoder_dir, **extra):
 
 def test_encoder_learns_and_reports_its_cost(data_csv, tiny_encoder_dir):
     config = _config(data_csv, tiny_encoder_dir)
-    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
+    record = run_encoder(load_dataset(DataSpec.of(config)), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
     assert record.test.accuracy >= 0.8, record.test.accuracy  # the synthetic words decide the label
     assert 1 <= record.best_epoch <= 3 and record.epochs == 3
     assert record.parameters == record.trainable_parameters > 0  # fine-tuned in full
@@ -49,7 +50,7 @@ def test_encoder_learns_and_reports_its_cost(data_csv, tiny_encoder_dir):
 def test_encoder_best_epoch_is_chosen_on_validation(data_csv, tiny_encoder_dir):
     logs = []
     config = _config(data_csv, tiny_encoder_dir, select_by="loss")
-    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=logs.append)
+    record = run_encoder(load_dataset(DataSpec.of(config)), config, CPU, str(tiny_encoder_dir), log=logs.append)
     epochs = [line for line in logs if line.startswith("encoder ") and ": epoch " in line]
     assert len(epochs) == 3
     losses = [float(line.rsplit(" ", 1)[1]) for line in epochs]
@@ -72,7 +73,7 @@ def test_encoder_multi_label_gets_a_sigmoid_head_and_thresholds(tmp_path, tiny_e
         test_size=50,
         encoder_epochs=8,
     )
-    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
+    record = run_encoder(load_dataset(DataSpec.of(config)), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
     assert set(record.test.thresholds) == {"fun", "neg", "pos"}
     assert record.test.micro_f1 >= 0.8 and record.test_ece is None
 
@@ -234,7 +235,7 @@ def test_encoder_stops_on_validation_and_keeps_its_best_epoch(data_csv, tiny_enc
     config = _config(
         data_csv, tiny_encoder_dir, encoder_epochs=8, encoder_patience=1, encoder_learning_rate=[1e-3, 3e-3]
     )
-    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
+    record = run_encoder(load_dataset(DataSpec.of(config)), config, CPU, str(tiny_encoder_dir), log=lambda *_: None)
     curve = record.curve
     assert record.best_epoch == 1 + curve.index(max(curve))
     assert len(curve) == min(8, record.best_epoch + 1) == record.epochs
@@ -246,7 +247,7 @@ def test_encoder_stops_on_validation_and_keeps_its_best_epoch(data_csv, tiny_enc
 def test_an_encoder_still_improving_at_its_cap_is_flagged(data_csv, tiny_encoder_dir):
     logs = []
     config = _config(data_csv, tiny_encoder_dir, encoder_epochs=1)
-    record = run_encoder(load_dataset(config), config, CPU, str(tiny_encoder_dir), log=logs.append)
+    record = run_encoder(load_dataset(DataSpec.of(config)), config, CPU, str(tiny_encoder_dir), log=logs.append)
     assert record.still_improving and record.best_epoch == 1
     assert any("still improving at its last epoch; raise encoder_epochs" in line for line in logs)
 

@@ -8,6 +8,7 @@ import pytest
 from conftest import synthetic_frame
 from loracls.cli import main
 from loracls.config_reader import from_dict
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 
@@ -40,7 +41,7 @@ def sets(tmp_path_factory):
 
 def test_a_dataset_dict_gives_its_own_splits_with_label_names(sets):
     root, frame = sets
-    data = load_dataset(from_dict({"data": str(root / "dict")}))
+    data = load_dataset(DataSpec.of(from_dict({"data": str(root / "dict")})))
     assert (len(data.train), len(data.validation), len(data.test)) == (200, 50, 50)  # `dev` is the validation split
     assert data.id2label == {0: "neg", 1: "pos"}
     assert data.train.texts[0] == frame.text[0] and data.id2label[data.train.labels[0]] == frame.label[0]
@@ -49,12 +50,12 @@ def test_a_dataset_dict_gives_its_own_splits_with_label_names(sets):
 def test_one_dataset_is_split_by_loracls_and_label_sets_are_names(sets):
     root, _ = sets
     data = load_dataset(
-        from_dict({"data": str(root / "one"), "train_size": 100, "validation_size": 50, "test_size": 50})
+        DataSpec.of(from_dict({"data": str(root / "one"), "train_size": 100, "validation_size": 50, "test_size": 50}))
     )
     assert (len(data.train), len(data.validation), len(data.test)) == (100, 50, 50)
     multi = {"data": str(root / "multi"), "problem": "multi_label", "validation_size": 40, "test_size": 40}
     multi = from_dict({**multi, "train_size": 120})
-    data = load_dataset(multi)
+    data = load_dataset(DataSpec.of(multi))
     assert data.id2label == {0: "a", 1: "b", 2: "c"} and len(data.train) == 120
 
 
@@ -70,10 +71,10 @@ def test_a_train_run_reads_a_datasets_folder(sets, gemma3_dir, tmp_path):
 
 def test_an_hf_name_missing_from_the_local_cache_is_one_line(tmp_path, capsys):
     with pytest.raises(LoraclsError, match="not in the local datasets cache"):
-        load_dataset(from_dict({"data": "hf:someone/never_downloaded"}))
+        load_dataset(DataSpec.of(from_dict({"data": "hf:someone/never_downloaded"})))
 
 
 def test_without_the_extra_a_datasets_folder_is_one_line(sets, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(LoraclsError, match=r"pip install 'loracls\[datasets\]'"):
-        load_dataset(from_dict({"data": str(sets[0] / "dict")}))
+        load_dataset(DataSpec.of(from_dict({"data": str(sets[0] / "dict")})))

@@ -9,6 +9,7 @@ import torch
 from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls.cli import main
 from loracls.config_reader import load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import class_weight_vector, load_dataset
 from loracls.errors import LoraclsError
 from loracls.training.stopping import EarlyStopping
@@ -34,16 +35,16 @@ def _config(path, **values):
 
 
 def test_class_weight_vectors(imbalanced_csv):
-    dataset = load_dataset(_config(imbalanced_csv))
+    dataset = load_dataset(DataSpec.of(_config(imbalanced_csv)))
     counts = dataset.class_counts()["train"]
     assert counts["pos"] > 5 * counts["neg"]
-    assert class_weight_vector(_config(imbalanced_csv), dataset) is None
-    balanced = class_weight_vector(_config(imbalanced_csv, class_weights="balanced"), dataset)
+    assert class_weight_vector(_config(imbalanced_csv).class_weights, dataset) is None
+    balanced = class_weight_vector(_config(imbalanced_csv, class_weights="balanced").class_weights, dataset)
     n = sum(counts.values())
     assert balanced == pytest.approx([n / (2 * counts["neg"]), n / (2 * counts["pos"])])
-    assert class_weight_vector(_config(imbalanced_csv, class_weights="{neg: 4}"), dataset) == [4.0, 1.0]
+    assert class_weight_vector(_config(imbalanced_csv, class_weights="{neg: 4}").class_weights, dataset) == [4.0, 1.0]
     with pytest.raises(LoraclsError, match="class_weights names unknown label.*'negative'"):
-        class_weight_vector(_config(imbalanced_csv, class_weights="{negative: 4}"), dataset)
+        class_weight_vector(_config(imbalanced_csv, class_weights="{negative: 4}").class_weights, dataset)
 
 
 def test_weighted_loss_is_the_weighted_sum_over_the_group(gemma3_dir, imbalanced_csv, tmp_path):

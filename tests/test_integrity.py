@@ -17,6 +17,7 @@ from conftest import synthetic_frame, tiny_overrides, tiny_trainer
 from loracls import files
 from loracls.cli import main
 from loracls.config_reader import load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 from loracls.training.stopping import EarlyStopping
@@ -129,13 +130,13 @@ def test_labels_differing_only_in_case_are_refused(tmp_path):
     frame = synthetic_frame(80)
     frame.loc[3, "label"] = "Pos"
     with pytest.raises(LoraclsError, match="differ only in case.*'Pos' / 'pos'"):
-        load_dataset(_config(tmp_path, {"train": frame}))
+        load_dataset(DataSpec.of(_config(tmp_path, {"train": frame})))
 
 
 def test_labels_with_surrounding_spaces_are_the_same_class_and_said(tmp_path):
     frame = synthetic_frame(80)
     frame.loc[[1, 3, 5], "label"] = [" neg", "neg ", "pos "]
-    dataset = load_dataset(_config(tmp_path, {"train": frame}))
+    dataset = load_dataset(DataSpec.of(_config(tmp_path, {"train": frame})))
     assert dataset.id2label == {0: "neg", 1: "pos"}
     assert any("removed surrounding spaces from 3 label(s)" in note for note in dataset.notes)
 
@@ -143,7 +144,9 @@ def test_labels_with_surrounding_spaces_are_the_same_class_and_said(tmp_path):
 def test_conflicting_labels_are_dropped_and_said(tmp_path):
     frame = synthetic_frame(80)
     twin = pd.DataFrame([{"text": frame.loc[0, "text"], "label": "neg" if frame.loc[0, "label"] == "pos" else "pos"}])
-    dataset = load_dataset(_config(tmp_path, {"train": pd.concat([frame, twin], ignore_index=True)}, balance="false"))
+    dataset = load_dataset(
+        DataSpec.of(_config(tmp_path, {"train": pd.concat([frame, twin], ignore_index=True)}, balance="false"))
+    )
     every = dataset.train.texts + dataset.validation.texts + dataset.test.texts
     assert frame.loc[0, "text"] not in every
     assert any("1 text(s) appear with conflicting labels; dropped all 2" in note for note in dataset.notes)
@@ -155,12 +158,14 @@ def test_given_splits_that_share_texts(tmp_path):
     validation = test[:100]
     leaky = pd.concat([test[100:200], train[:100]], ignore_index=True)  # half of the test texts seen in training
     with pytest.raises(LoraclsError, match=r"100 of the .* test texts .* are also in the train split.*allow_overlap"):
-        load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": leaky}))
+        load_dataset(DataSpec.of(_config(tmp_path, {"train": train, "validation": validation, "test": leaky})))
     allowed = load_dataset(
-        _config(tmp_path, {"train": train, "validation": validation, "test": leaky}, allow_overlap="true")
+        DataSpec.of(_config(tmp_path, {"train": train, "validation": validation, "test": leaky}, allow_overlap="true"))
     )
     assert any("are also in the train split" in note for note in allowed.notes)
-    clean = load_dataset(_config(tmp_path, {"train": train, "validation": validation, "test": test[100:200]}))
+    clean = load_dataset(
+        DataSpec.of(_config(tmp_path, {"train": train, "validation": validation, "test": test[100:200]}))
+    )
     assert not any("also in" in note for note in clean.notes)
 
 

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import make_tokenizer, synthetic_frame
 from loracls.config_reader import load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.errors import LoraclsError
 from loracls.files import read_jsonl
@@ -163,7 +164,7 @@ def test_comments_travel_with_their_texts_through_the_splits(tmp_path):
     path = tmp_path / "d.csv"
     frame = _frame()
     frame.to_csv(path, index=False)
-    dataset = load_dataset(_config(path))
+    dataset = load_dataset(DataSpec.of(_config(path)))
     expected = dict(zip(frame["text"], frame["why"]))
     for split in (dataset.train, dataset.validation, dataset.test):
         assert split.comments is not None and len(split.comments) == len(split.texts)
@@ -185,7 +186,7 @@ def test_bad_label_and_comment_input_is_one_line(tmp_path, change, extra, messag
     path = tmp_path / "d.csv"
     change(_frame()).to_csv(path, index=False)
     with pytest.raises(LoraclsError, match=message):
-        load_dataset(_config(path, *extra))
+        load_dataset(DataSpec.of(_config(path, *extra)))
 
 
 @pytest.mark.slow
@@ -228,7 +229,7 @@ def test_list_cells_from_jsonl_are_refused(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(LoraclsError, match="a label set in column 'label' at row 3"):
-        load_dataset(_config(path))
+        load_dataset(DataSpec.of(_config(path)))
 
 
 # --- the whole job ----------------------------------------------------------------------------------------

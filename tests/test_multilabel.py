@@ -12,6 +12,7 @@ from sklearn.metrics import f1_score
 from conftest import NEGATIVE, NEUTRAL, POSITIVE, tiny_overrides
 from loracls.cli import main
 from loracls.config_reader import load_config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import class_weight_vector, load_dataset
 from loracls.errors import LoraclsError
 from loracls.problems import PROBLEMS, Decision, multi_hot, tune_thresholds
@@ -53,14 +54,14 @@ def _config(path, **values):
 
 def test_label_cells_lists_separators_and_json_text(sets_jsonl, tmp_path):
     frame = label_sets_frame(400)
-    listed = load_dataset(_config(sets_jsonl))
+    listed = load_dataset(DataSpec.of(_config(sets_jsonl)))
     assert listed.problem == "multi_label" and listed.id2label == {0: "meh", 1: "neg", 2: "pos"}
     separated = tmp_path / "sets.csv"
     frame.assign(label=frame.label.map("|".join)).to_csv(separated, index=False)
-    by_separator = load_dataset(_config(separated, label_separator="|"))
+    by_separator = load_dataset(DataSpec.of(_config(separated, label_separator="|")))
     as_json_text = tmp_path / "json_cells.csv"
     frame.assign(label=frame.label.map(json.dumps)).to_csv(as_json_text, index=False)
-    by_json = load_dataset(_config(as_json_text))
+    by_json = load_dataset(DataSpec.of(_config(as_json_text)))
     for dataset in (by_separator, by_json):  # the same sets, the same seeded split
         assert dataset.test.texts == listed.test.texts and dataset.test.labels == listed.test.labels
     assert all(labels == sorted(set(labels)) for labels in listed.train.labels)
@@ -70,7 +71,7 @@ def test_label_cells_lists_separators_and_json_text(sets_jsonl, tmp_path):
 
 
 def test_splits_keep_the_proportions_of_label_sets(sets_jsonl):
-    dataset = load_dataset(_config(sets_jsonl, train_size=None))
+    dataset = load_dataset(DataSpec.of(_config(sets_jsonl, train_size=None)))
     share = {
         name: np.mean([len(s) == 0 for s in getattr(dataset, name).labels]) for name in ("train", "validation", "test")
     }
@@ -93,7 +94,7 @@ def test_bad_label_cells_are_one_line(tmp_path, cell, message):
         path, index=False
     )
     with pytest.raises(LoraclsError, match=message):
-        load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
+        load_dataset(DataSpec.of(_config(path, train_size=1, validation_size=1, test_size=1)))
 
 
 @pytest.mark.parametrize("cell", [3, {"pos": 1}, [1], ["pos", None], True])
@@ -102,7 +103,7 @@ def test_jsonl_cells_that_are_not_label_sets_are_refused_with_their_row(tmp_path
     rows = [{"text": "good film", "label": ["pos"]}, {"text": "bad film", "label": cell}, {"text": "ok", "label": []}]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(LoraclsError, match="row 1: .*multi_label cell|row 1: label cell"):
-        load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
+        load_dataset(DataSpec.of(_config(path, train_size=1, validation_size=1, test_size=1)))
 
 
 def test_case_twins_and_conflicting_sets(tmp_path):
@@ -111,11 +112,13 @@ def test_case_twins_and_conflicting_sets(tmp_path):
         path, orient="records", lines=True
     )
     with pytest.raises(LoraclsError, match="differ only in case"):
-        load_dataset(_config(path, train_size=1, validation_size=1, test_size=1))
+        load_dataset(DataSpec.of(_config(path, train_size=1, validation_size=1, test_size=1)))
     frame = label_sets_frame(60)
     frame = pd.concat([frame, pd.DataFrame({"text": [frame.text[0]], "label": [["neg", "pos", "meh"]]})])
     frame.to_json(tmp_path / "conflict.jsonl", orient="records", lines=True)
-    dataset = load_dataset(_config(tmp_path / "conflict.jsonl", train_size=20, validation_size=10, test_size=10))
+    dataset = load_dataset(
+        DataSpec.of(_config(tmp_path / "conflict.jsonl", train_size=20, validation_size=10, test_size=10))
+    )
     assert any("conflicting labels" in note for note in dataset.notes)
 
 
@@ -129,15 +132,15 @@ def test_case_twins_and_conflicting_sets(tmp_path):
 )
 def test_config_refuses_what_label_sets_cannot_do(sets_jsonl, values, message):
     with pytest.raises(LoraclsError, match=message):  # each problem type checks the config when data loads
-        load_dataset(_config(sets_jsonl, **values))
+        load_dataset(DataSpec.of(_config(sets_jsonl, **values)))
 
 
 def test_balanced_weights_are_bce_pos_weights(sets_jsonl):
     config = _config(sets_jsonl, class_weights="balanced")
-    dataset = load_dataset(config)
+    dataset = load_dataset(DataSpec.of(config))
     positives = multi_hot(dataset.train.labels, 3).sum(axis=0)
     expected = (len(dataset.train) - positives) / positives
-    assert class_weight_vector(config, dataset) == pytest.approx(expected.tolist())
+    assert class_weight_vector(config.class_weights, dataset) == pytest.approx(expected.tolist())
 
 
 def test_bce_loss_is_the_mean_over_examples_and_labels_whatever_the_micro_batches():

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loracls.config_reader import from_dict, read_mapping
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
@@ -84,4 +85,4 @@ def test_any_rows_as_a_table_are_data_or_one_line(suffix, rows):
         _refusal_or_value(read_table, str(path))
         for problem in ("single_label", "multi_label"):  # then as data: columns, labels, splits
             sizes = {"train_size": 2, "validation_size": 1, "test_size": 1, "problem": problem}
-            _refusal_or_value(lambda values: load_dataset(from_dict(values)), {"data": str(path), **sizes})
+            _refusal_or_value(lambda values: load_dataset(DataSpec.of(from_dict(values))), {"data": str(path), **sizes})

@@ -7,15 +7,13 @@ texts in the given train and evaluation files.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from loracls.config import EMBEDDED_DATA, Config
-from loracls.data.hf_sets import is_hf_set, split_specs
+from loracls.data.spec import DataSpec
 from loracls.data.tables import read_table
 from loracls.errors import LoraclsError
 from loracls.problems import Problem, problem_for
@@ -64,27 +62,27 @@ class Dataset:
         return out
 
 
-def _clean(frame: pd.DataFrame, config: Config, source: str, notes: list[str]) -> pd.DataFrame:
+def _clean(frame: pd.DataFrame, spec: DataSpec, source: str, notes: list[str]) -> pd.DataFrame:
     """Columns present, no empty text or missing label, labels without surrounding spaces, no case-only twins."""
     if len(frame) == 0:
         raise LoraclsError(f"{source} has no rows")
-    for column in (config.text_column, config.label_column):
+    for column in (spec.text_column, spec.label_column):
         if column not in frame.columns:
             raise LoraclsError(f"{source}: column {column!r} not found (columns: {', '.join(map(str, frame.columns))})")
-    texts = frame[config.text_column]
+    texts = frame[spec.text_column]
     empty = texts.isna() | (texts.astype(str).str.strip() == "")
     if empty.any():
         row = int(empty.to_numpy().nonzero()[0][0])
         raise LoraclsError(
-            f"{source}: {int(empty.sum())} empty text(s) in column {config.text_column!r}, first at row {row}"
+            f"{source}: {int(empty.sum())} empty text(s) in column {spec.text_column!r}, first at row {row}"
         )
-    labels = frame[config.label_column]
+    labels = frame[spec.label_column]
     missing = labels.map(lambda v: v is None or (isinstance(v, float) and math.isnan(v)))
-    kind = problem_for(config.problem)
-    cells = kind.clean_cells(labels, missing, config, source, notes)
+    kind = problem_for(spec.problem)
+    cells = kind.clean_cells(labels, missing, spec, source, notes)
     _refuse_case_twins({name for cell in cells for name in kind.names_in(cell)}, source)
     carried = {
-        name: pd.Series(values, dtype=object).values for name, values in kind.carried(frame, config, source).items()
+        name: pd.Series(values, dtype=object).values for name, values in kind.carried(frame, spec, source).items()
     }
     return pd.DataFrame({"text": texts.astype(str).values, "label": pd.Series(cells, dtype=object).values, **carried})
 
@@ -121,7 +119,7 @@ def _drop_conflicts(frame: pd.DataFrame, source: str, notes: list[str]) -> pd.Da
     return frame[~mask]
 
 
-def _check_overlap(dataset: Dataset, config: Config, notes: list[str]) -> None:
+def _check_overlap(dataset: Dataset, spec: DataSpec, notes: list[str]) -> None:
     """Given splits must not share texts (leakage): a small share is said, more is refused."""
     texts = {name: {t.strip() for t in getattr(dataset, name).texts} for name in ("train", "validation", "test")}
     for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
@@ -133,21 +131,21 @@ def _check_overlap(dataset: Dataset, config: Config, notes: list[str]) -> None:
             f"data: {len(shared)} of the {len(texts[b])} {b} texts ({100 * share:.1f}%) are also in the "
             f"{a} split (e.g. {sorted(shared)[0][:60]!r})"
         )
-        if share > OVERLAP_LIMIT and not config.allow_overlap:
+        if share > OVERLAP_LIMIT and not spec.allow_overlap:
             raise LoraclsError(f"{message}: its metrics would be inflated; remove them, or set allow_overlap: true")
         notes.append(message)
 
 
-def _label_names(config: Config, frame: pd.DataFrame, source: str) -> list[str]:
-    found = sorted(_names_in(frame, problem_for(config.problem)))
-    if config.labels is None:
+def _label_names(spec: DataSpec, frame: pd.DataFrame, source: str) -> list[str]:
+    found = sorted(_names_in(frame, problem_for(spec.problem)))
+    if spec.labels is None:
         return found
-    unknown = [name for name in found if name not in config.labels]
+    unknown = [name for name in found if name not in spec.labels]
     if unknown:
         raise LoraclsError(
-            f"{source}: unknown label(s) {', '.join(map(repr, unknown))} (config labels: {', '.join(config.labels)})"
+            f"{source}: unknown label(s) {', '.join(map(repr, unknown))} (config labels: {', '.join(spec.labels)})"
         )
-    return list(config.labels)
+    return list(spec.labels)
 
 
 def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str, kind: Problem) -> Split:
@@ -160,33 +158,33 @@ def _to_split(frame: pd.DataFrame, label2id: dict[str, int], source: str, kind: 
     return Split(list(frame["text"]), [kind.label_ids(cell, label2id) for cell in frame["label"]], comments)
 
 
-def labelled_split(frame: pd.DataFrame, config: Config, label2id: dict[str, int], source: str) -> Split:
+def labelled_split(frame: pd.DataFrame, spec: DataSpec, label2id: dict[str, int], source: str) -> Split:
     """A user's labelled table checked like training data (columns, empty texts, known labels)."""
-    return _to_split(_clean(frame, config, source, []), label2id, source, problem_for(config.problem))
+    return _to_split(_clean(frame, spec, source, []), label2id, source, problem_for(spec.problem))
 
 
-def _made_splits(frame: pd.DataFrame, config: Config, names: list[str]) -> tuple[pd.DataFrame, ...]:
+def _made_splits(frame: pd.DataFrame, spec: DataSpec, names: list[str]) -> tuple[pd.DataFrame, ...]:
     """Seeded train / validation / test splits: balanced (equal counts per class) or stratified (each split
     keeps the data's class proportions)."""
-    rng = random.Random(config.seed)
+    rng = random.Random(spec.seed)
     grouped: dict[object, list] = {}
     for index, cell in zip(frame.index, frame["label"]):  # one pass, not one scan per stratum
         grouped.setdefault(cell, []).append(index)
-    strata = problem_for(config.problem).strata(list(grouped), names)
+    strata = problem_for(spec.problem).strata(list(grouped), names)
     by_class = {key: grouped.get(key, []) for key in strata}
     for rows in by_class.values():
         rng.shuffle(rows)
-    parts = _balanced(by_class, config) if config.balanced_splits else _stratified(by_class, config, len(frame))
+    parts = _balanced(by_class, spec) if spec.balanced else _stratified(by_class, spec, len(frame))
     for rows in parts.values():
         rng.shuffle(rows)
     return frame.loc[parts["train"]], frame.loc[parts["validation"]], frame.loc[parts["test"]]
 
 
-def _balanced(by_class: dict[str, list], config: Config) -> dict[str, list]:
+def _balanced(by_class: dict[str, list], spec: DataSpec) -> dict[str, list]:
     k = len(by_class)
-    per_val, per_test = math.ceil(config.validation_size / k), math.ceil(config.test_size / k)
+    per_val, per_test = math.ceil(spec.validation_size / k), math.ceil(spec.test_size / k)
     smallest = min(len(rows) for rows in by_class.values())
-    per_train = smallest - per_val - per_test if config.train_size is None else math.ceil(config.train_size / k)
+    per_train = smallest - per_val - per_test if spec.train_size is None else math.ceil(spec.train_size / k)
     need = per_val + per_test + per_train
     if per_train <= 0 or need > smallest:
         poorest = min(by_class, key=lambda n: len(by_class[n]))
@@ -212,13 +210,11 @@ def _shares(total: int, sizes: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _stratified(by_class: dict[str, list], config: Config, available: int) -> dict[str, list]:
-    v, t = config.validation_size, config.test_size
-    train = available - v - t if config.train_size is None else config.train_size
+def _stratified(by_class: dict[str, list], spec: DataSpec, available: int) -> dict[str, list]:
+    v, t = spec.validation_size, spec.test_size
+    train = available - v - t if spec.train_size is None else spec.train_size
     if train <= 0 or v + t + train > available:
-        raise LoraclsError(
-            f"data: {available} examples, fewer than the splits ask for ({config.train_size} + {v} + {t})"
-        )
+        raise LoraclsError(f"data: {available} examples, fewer than the splits ask for ({spec.train_size} + {v} + {t})")
     # each split's share of a class is taken from what the splits before it left: with rare classes (or rare
     # label sets) shares of the whole could add up to more rows than the class has
     remaining = {name: len(rows) for name, rows in by_class.items()}
@@ -235,61 +231,47 @@ def _stratified(by_class: dict[str, list], config: Config, available: int) -> di
     return parts
 
 
-def _read_checked(path: str, config: Config, notes: list[str]) -> pd.DataFrame:
-    # the embedded table always has columns text/label, whatever the user's column settings
-    columns = dataclasses.replace(config, text_column="text", label_column="label") if path == EMBEDDED_DATA else config
-    return _drop_conflicts(_clean(read_table(path), columns, path, notes), path, notes)
+def _read_checked(path: str, spec: DataSpec, notes: list[str]) -> pd.DataFrame:
+    return _drop_conflicts(_clean(read_table(path), spec.columns_of(path), path, notes), path, notes)
 
 
-def _with_hf_splits(config: Config) -> Config:
-    """A `datasets` set given as `data`: its train split is the data, and its validation and test splits, where
-    it has both, the given splits (data/hf_sets.py)."""
-    if config.validation_data is not None or config.test_data is not None or not is_hf_set(config.data):
-        return config
-    train, validation, test = split_specs(config.data)
-    given = {"validation_data": validation, "test_data": test} if validation and test else {}
-    return dataclasses.replace(config, data=train, **given)
-
-
-def load_dataset(config: Config) -> Dataset:
-    """Read the configured data and return the three splits with label ids. Raises LoraclsError on bad input."""
+def load_dataset(spec: DataSpec) -> Dataset:
+    """Read the spec's data and return the three splits with label ids. Raises LoraclsError on bad input."""
     notes: list[str] = []
-    kind = problem_for(config.problem)
-    kind.check_config(config)
-    config = _with_hf_splits(config)
-    train_frame = _read_checked(config.data, config, notes)
-    names = _label_names(config, train_frame, config.data)
+    kind = problem_for(spec.problem)
+    train_frame = _read_checked(spec.data, spec, notes)
+    names = _label_names(spec, train_frame, spec.data)
     _refuse_case_twins(set(names), "config labels")
-    given = config.validation_data is not None or config.test_data is not None
-    if given and (config.validation_data is None or config.test_data is None):
+    given = spec.given_splits
+    if given and (spec.validation_data is None or spec.test_data is None):
         raise LoraclsError("config: give both validation_data and test_data, or neither (splits are then made)")
     if given:
-        validation_frame = _read_checked(config.validation_data, config, notes)
-        test_frame = _read_checked(config.test_data, config, notes)
+        validation_frame = _read_checked(spec.validation_data, spec, notes)
+        test_frame = _read_checked(spec.test_data, spec, notes)
     else:
         before = len(train_frame)
         train_frame = train_frame.drop_duplicates("text").reset_index(drop=True)
         if len(train_frame) < before:
             notes.append(f"data: dropped {before - len(train_frame)} duplicate texts before splitting")
-        train_frame, validation_frame, test_frame = _made_splits(train_frame, config, names)
+        train_frame, validation_frame, test_frame = _made_splits(train_frame, spec, names)
     present = sorted(_names_in(train_frame, kind))
     if len(present) < 2:
         raise LoraclsError(
-            f"{config.data}: the training split has only one class ({', '.join(present) or 'none'}); need at least two"
+            f"{spec.data}: the training split has only one class ({', '.join(present) or 'none'}); need at least two"
         )
     label2id = {name: i for i, name in enumerate(names)}
     dataset = Dataset(
-        train=_to_split(train_frame, label2id, config.data, kind),
-        validation=_to_split(validation_frame, label2id, config.validation_data or config.data, kind),
-        test=_to_split(test_frame, label2id, config.test_data or config.data, kind),
+        train=_to_split(train_frame, label2id, spec.data, kind),
+        validation=_to_split(validation_frame, label2id, spec.validation_data or spec.data, kind),
+        test=_to_split(test_frame, label2id, spec.test_data or spec.data, kind),
         id2label={i: name for name, i in label2id.items()},
         notes=notes,
-        problem=config.problem,
+        problem=spec.problem,
     )
     if len(dataset.validation) == 0 or len(dataset.test) == 0:
         raise LoraclsError("data: the validation and test splits must not be empty")
     if given:
-        _check_overlap(dataset, config, notes)
+        _check_overlap(dataset, spec, notes)
     return dataset
 
 
@@ -302,11 +284,10 @@ def format_counts(dataset: Dataset) -> str:
     return "\n".join(lines)
 
 
-def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
+def class_weight_vector(weights: str | dict[str, float], dataset: Dataset) -> list[float] | None:
     """Loss weights per label id from `class_weights`: none, balanced (n / (classes x n_class), as sklearn's
     compute_class_weight; multi_label: each label's negatives / positives, BCE's pos_weight), or
     {label: weight} (labels not named keep 1; multi_label: the weight of a label's positives)."""
-    weights = config.class_weights
     if weights == "none":
         return None
     names = dataset.id2label
@@ -321,12 +302,12 @@ def class_weight_vector(config: Config, dataset: Dataset) -> list[float] | None:
     return [float(weights.get(names[i], 1.0)) for i in sorted(names)]
 
 
-def left_out_texts(config: Config, dataset: Dataset) -> list[str]:
+def left_out_texts(spec: DataSpec, dataset: Dataset) -> list[str]:
     """The data file's texts that are in none of the splits, in file order (made splits only: a train_size
     below what the file holds leaves the rest out; given splits leave none). Their labels are not read: these
     are the unlabeled texts `distill` scores with the teacher by default."""
-    if config.validation_data is not None:
+    if spec.validation_data is not None:
         return []
     used = dataset.texts()
-    frame = _read_checked(config.data, config, [])
+    frame = _read_checked(spec.data, spec, [])
     return [text for text in dict.fromkeys(frame["text"]) if text not in used]

@@ -190,6 +190,7 @@ def remerge(run_path: str, dtype: str, log: Log = print) -> ExportCheck:
     """`loracls export RUN --format merged --dtype D`: write run/merged again with weights in D, checked like
     the train job's export; metrics.json's export record is updated."""
     from loracls.config_reader import from_dict
+    from loracls.data.spec import DataSpec
     from loracls.data.splits import load_dataset
     from loracls.hardware import setup_runtime
     from loracls.model.source import resolve_model_dir
@@ -198,7 +199,7 @@ def remerge(run_path: str, dtype: str, log: Log = print) -> ExportCheck:
     config = from_dict({"merge_dtype": dtype}, base=runs.read_config(run))
     metrics = runs.read_metrics(run) if (run / runs.METRICS).is_file() else None
     model_dir = resolve_model_dir(config.model, log)
-    dataset = load_dataset(config)  # its test split: the rows the train job's export check scored
+    dataset = load_dataset(DataSpec.of(config))  # its test split: the rows the train job's export check scored
     dataset.id2label = runs.read_labels(run)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     scorer = scorer_for(problem_for(config.problem))

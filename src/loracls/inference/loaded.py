@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loracls import runs
+from loracls.data.spec import DataSpec
 from loracls.data.splits import labelled_split, load_dataset
 from loracls.data.tables import read_table
 from loracls.errors import Log, LoraclsError
@@ -58,10 +59,10 @@ def evaluate(
     config = runs.read_config(runs.check_run_dir(run_path))
     classifier = engine_for(run_path, options, log)
     if data is None:
-        split = load_dataset(config).test
+        split = load_dataset(DataSpec.of(config)).test
     else:
         label2id = {name: i for i, name in classifier.id2label.items()}
-        split = labelled_split(read_table(data), config, label2id, data)
+        split = labelled_split(read_table(data), DataSpec.of(config), label2id, data)
     probs = classifier.probabilities(split.texts, progress=True)
     metrics = evaluation(split.texts, split.labels, probs, classifier.id2label, classifier.decision).metrics
     log(metrics.text())

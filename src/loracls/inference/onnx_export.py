@@ -14,6 +14,7 @@ import torch
 
 from loracls import files, runs
 from loracls.data.batching import collate
+from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.errors import Log, LoraclsError, first_line
 from loracls.inference.engine import Classifier
@@ -171,7 +172,7 @@ def export_onnx(
         if not (target / "model.onnx").is_file():  # --force replaces an export, never some other folder
             raise LoraclsError(f"{target} is not an ONNX export (no model.onnx): refusing to replace it")
     classifier = Classifier(run_path, log, device="cpu", precision="fp32")  # exported and checked in fp32 on the CPU
-    test = load_dataset(config).test
+    test = load_dataset(DataSpec.of(config)).test
     encoded = classifier.encode(test.texts)
     ids = encoded.ids
     pad = classifier.tokenizer.pad_token_id

@@ -35,6 +35,7 @@ from loracls import files, runs
 from loracls.baselines.encoder import check_encoder
 from loracls.baselines.student import StudentSpec, Teaching, run_student
 from loracls.config import Config
+from loracls.data.spec import DataSpec
 from loracls.data.splits import Dataset, left_out_texts, load_dataset
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts, text_chunks
 from loracls.errors import Log, LoraclsError, quiet
@@ -109,23 +110,24 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
         raise LoraclsError(f"distill: the learning rate must be > 0 and < 1, got {options.learning_rate}")
     held.enter_context(runs.hold(run))
     config = runs.read_config(run)
-    dataset = load_dataset(config)
+    data = DataSpec.of(config)
+    dataset = load_dataset(data)
     check_encoder(options.student, log)
-    unlabeled = _at_most(_unlabeled(options.unlabeled, config, dataset, log), options.max_unlabeled, config.seed, log)
+    unlabeled = _at_most(_unlabeled(options.unlabeled, data, dataset, log), options.max_unlabeled, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
     log(f"distill: teacher {teacher.source}; student {options.student}")
     return DistillJob(run, config, dataset, unlabeled, teacher, runtime, options, log)
 
 
-def _unlabeled(file: str | None, config: Config, dataset: Dataset, log: Log) -> list[str]:
+def _unlabeled(file: str | None, data: DataSpec, dataset: Dataset, log: Log) -> list[str]:
     """The unlabeled texts, without the splits' own texts (a test text taught by the teacher would be scored
     against its own answer) and without repeats."""
     if file is None:
-        texts = left_out_texts(config, dataset)
-        log(f"distill: {len(texts)} texts of {config.data} left out of the splits, scored by the teacher")
+        texts = left_out_texts(data, dataset)
+        log(f"distill: {len(texts)} texts of {data.data} left out of the splits, scored by the teacher")
         return texts
-    source = TextColumn(file, config.text_column)
+    source = TextColumn(file, data.text_column)
     check_texts(source, CHUNK_ROWS)
     read = [text for chunk in text_chunks(source, CHUNK_ROWS) for text in chunk]
     splits = dataset.texts()

@@ -22,6 +22,7 @@ from loracls.baselines.zero_shot import check_verbalizers, prompt_setup
 from loracls.calibration import CalibrationRecord
 from loracls.config import Config
 from loracls.config_reader import from_dict
+from loracls.data.spec import DataSpec
 from loracls.data.splits import Dataset, format_counts, load_dataset
 from loracls.errors import Log, quiet
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
@@ -139,7 +140,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     runtime.device = distributed.local_device(runtime.device)
     preflight(config, runtime)
     check_installed(config.report_to)
-    dataset = load_dataset(config)
+    dataset = load_dataset(DataSpec.of(config))
     log("data: class counts\n" + format_counts(dataset))
     scorer = scorer_for(problem_for(config.problem))
     prompt = _check_rungs(config, dataset, runtime, rungs_of(config, scorer.name), log)
@@ -385,7 +386,7 @@ def baseline(config: Config, log: Log = print) -> dict:
     from loracls.model.tokenizer import load_tokenizer
 
     runtime = setup_runtime(config.device, config.precision, config.threads)
-    dataset = load_dataset(config)
+    dataset = load_dataset(DataSpec.of(config))
     log("data: class counts\n" + format_counts(dataset))
     model_dir = tokenizer = None
     rungs = rungs_of(config, "head")  # the rungs that need no run of their own

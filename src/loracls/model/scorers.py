@@ -128,7 +128,8 @@ class HeadScorer:
             _verbalizer_head(loaded, head_words, log)
         model, lora = apply_lora(loaded.model, LoraSpec.of(config), log)
         encoded = encode_splits(loaded.tokenizer, dataset, config, log)
-        weights = class_weight_vector(config, dataset)  # unknown label names are refused before anything is written
+        # unknown label names are refused here, before anything is written
+        weights = class_weight_vector(config.class_weights, dataset)
         if weights is not None:
             log("loss: class weights " + ", ".join(f"{dataset.id2label[i]}={w:.3g}" for i, w in enumerate(weights)))
         if config.quantization == "none":
@@ -138,7 +139,7 @@ class HeadScorer:
 
     def train_set(self, setup: Setup, built: Built) -> TrainSet:
         dataset, train = setup.dataset, built.encoded["train"]
-        weights = class_weight_vector(setup.config, dataset)
+        weights = class_weight_vector(setup.config.class_weights, dataset)
         return TrainSet(
             ids=train.ids,
             labels=[dataset.train.labels[i] for i in train.owner],

@@ -104,10 +104,10 @@ class Problem(ABC):
         return None
 
     @abstractmethod
-    def clean_cells(self, labels: pd.Series, missing: pd.Series, config, source: str, notes: list[str]) -> list:
+    def clean_cells(self, labels: pd.Series, missing: pd.Series, spec, source: str, notes: list[str]) -> list:
         """A table's label column -> cells (a label name, or a sorted tuple of names); bad cells refused."""
 
-    def carried(self, frame: pd.DataFrame, config, source: str) -> dict[str, list]:
+    def carried(self, frame: pd.DataFrame, spec, source: str) -> dict[str, list]:
         """Columns a text carries beside its label through the checks and splits (checked here): none."""
         return {}
 

@@ -81,19 +81,19 @@ class LabelAndComment(SingleLabel):
         if config.class_weights != "none":
             raise LoraclsError("config: class_weights apply to a classification head; label_and_comment has none")
 
-    def clean_cells(self, labels, missing, config, source, notes) -> list:
+    def clean_cells(self, labels, missing, spec, source, notes) -> list:
         sets = labels[~missing].map(_looks_like_a_set)
         if sets.any():
             row = int(sets[sets].index[0])
             raise LoraclsError(
-                f"{source}: a label set in column {config.label_column!r} at row {row}: label_and_comment takes "
+                f"{source}: a label set in column {spec.label_column!r} at row {row}: label_and_comment takes "
                 f"one label a text (label sets are problem: multi_label)"
             )
-        return super().clean_cells(labels, missing, config, source, notes)
+        return super().clean_cells(labels, missing, spec, source, notes)
 
-    def carried(self, frame: pd.DataFrame, config, source: str) -> dict[str, list]:
+    def carried(self, frame: pd.DataFrame, spec, source: str) -> dict[str, list]:
         """The reference comments: the column must exist and no comment may be empty."""
-        column = config.comment_column
+        column = spec.comment_column
         if column not in frame.columns:
             raise LoraclsError(f"{source}: comment column {column!r} not found (columns: {', '.join(map(str, frame))})")
         comments = frame[column]

@@ -140,10 +140,10 @@ class MultiLabel(Problem):
                 "problem: multi_label use zero or random"
             )
 
-    def clean_cells(self, labels, missing, config, source, notes) -> list:
+    def clean_cells(self, labels, missing, spec, source, notes) -> list:
         """An empty cell (CSV reads it as missing) is the empty set."""
         cells = labels.where(~missing, "")
-        sets = [_label_set(value, config.label_separator, source, row) for row, value in enumerate(cells)]
+        sets = [_label_set(value, spec.label_separator, source, row) for row, value in enumerate(cells)]
         _check_one_format(cells, source)
         if empty := sum(1 for names in sets if not names):
             notes.append(f"{source}: {empty} text(s) carry no label (kept: an empty set is a valid answer)")

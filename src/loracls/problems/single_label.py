@@ -27,15 +27,15 @@ class SingleLabel(Problem):
         if config.label_separator is not None:
             raise LoraclsError("config: label_separator splits label sets: it needs problem: multi_label")
 
-    def clean_cells(self, labels, missing, config, source, notes) -> list:
+    def clean_cells(self, labels, missing, spec, source, notes) -> list:
         if missing.any():
             row = int(missing.to_numpy().nonzero()[0][0])
-            raise LoraclsError(f"{source}: missing label in column {config.label_column!r} at row {row}")
+            raise LoraclsError(f"{source}: missing label in column {spec.label_column!r} at row {row}")
         raw = labels.astype(str)
         stripped = raw.str.strip()
         if (stripped == "").any():
             raise LoraclsError(
-                f"{source}: blank label in column {config.label_column!r} at row "
+                f"{source}: blank label in column {spec.label_column!r} at row "
                 f"{int((stripped == '').to_numpy().nonzero()[0][0])}"
             )
         if changed := int((stripped != raw).sum()):
