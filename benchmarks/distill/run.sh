@@ -3,8 +3,10 @@
 # `defaults` variant, 2000 training texts a set) distilled into MiniLM with the texts its splits left out as the
 # unlabeled set (at most MAX_UNLABELED, default 3000), 1 thread; the student's record is kept under
 # benchmarks/distill/results/SET.json (committed), beside the same MiniLM fine-tuned on the gold labels alone
-# (the study's `encoders` run of the set) and the teacher. Resumable: a set with a kept record is skipped; the
-# teacher's scores are cached in the run. Table: python3 benchmarks/distill/summarize.py STUDY_OUT
+# (the study's `encoders` run of the set, or, where that has not run, `loracls baseline` with MiniLM alone: the
+# same early stopping and learning-rate grid, kept as results/gold-SET.json) and the teacher. Resumable: a set
+# with a kept record is skipped; the teacher's scores are cached in the run.
+# Table: python3 benchmarks/distill/summarize.py STUDY_OUT
 # Usage: bash benchmarks/distill/run.sh STUDY_OUT [SET ...]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,4 +23,14 @@ for set in "${sets[@]}"; do
   OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-3000}" \
     >> "$out/logs/distill-$set.log" 2>&1 && cp "$run/student.json" "$here/results/$set.json" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
+done
+for set in "${sets[@]}"; do  # the gold-label MiniLM where the study's encoders run of the set is missing
+  run="$out/runs/defaults-$set"
+  [ -f "$here/results/gold-$set.json" ] || [ -f "$here/../study13/results/runs/encoders-$set.json" ] && continue
+  [ -f "$run/metrics.json" ] || continue
+  echo "$(date -u +%FT%TZ) gold MiniLM $set"
+  OMP_NUM_THREADS=1 python3 -m loracls baseline "$run/config.yaml" --set baseline=true "baselines=[encoder]" \
+    encoder_model=minilm > "$out/runs/gold-$set.json.part" 2>> "$out/logs/gold-$set.log" \
+    && mv "$out/runs/gold-$set.json.part" "$here/results/gold-$set.json" \
+    || echo "failed: gold $set" >> "$out/logs/progress.txt"
 done

@@ -1,6 +1,7 @@
 """loracls 15's table: per set, the teacher (LoRA at the study's defaults), MiniLM fine-tuned on the gold labels
-alone (the study's encoders run) and MiniLM distilled from the teacher (benchmarks/distill/results/SET.json), on
-the same test split; texts/s of the student against the teacher's measured in the same distill process.
+alone (the study's encoders run, else benchmarks/distill/results/gold-SET.json) and MiniLM distilled from the
+teacher (benchmarks/distill/results/SET.json), on the same test split; texts/s of the student against the
+teacher's measured in the same distill process.
 Usage: python3 benchmarks/distill/summarize.py STUDY_OUT   (the study's kept results also serve as STUDY_OUT)"""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def _read(path: Path):
 def row(study: Path, name: str) -> str | None:
     student = _read(HERE / "results" / f"{name}.json")
     metrics = _read(study / "runs" / f"defaults-{name}" / "metrics.json")
-    encoders = _read(study / "runs" / f"encoders-{name}.json") or {}
+    encoders = _read(study / "runs" / f"encoders-{name}.json") or _read(HERE / "results" / f"gold-{name}.json") or {}
     if student is None or metrics is None:
         return None
     gold = next((e for e in encoders.get("encoders", []) if e["model"] == "minilm"), None)
