@@ -20,3 +20,33 @@ def test_each_subpackage_states_its_purpose_and_its_public_modules(name):
     assert modules <= set(package.__all__)
     for name in package.__all__:
         assert getattr(package, name, None) is not None or name in modules, name
+
+
+def _functions():
+    import ast
+
+    for path in sorted(Path(loracls.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield path.relative_to(Path(loracls.__file__).parent), node
+
+
+def test_functions_stay_small_and_take_few_parameters():
+    """No function over 60 lines or over 6 parameters (self/cls not counted): a longer one is split into named
+    phases, more settings travel as one typed record (Tuning, Batching, DataSpec, ...)."""
+    long, wide = [], []
+    for path, node in _functions():
+        if node.end_lineno - node.lineno + 1 > 60:
+            long.append(f"{path}:{node.name}")
+        args = node.args
+        named = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+        if len(named) > 6:
+            wide.append(f"{path}:{node.name}")
+    assert not long and not wide, (long, wide)
+
+
+def test_modules_stay_under_about_400_lines():
+    sizes = {
+        p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in Path(loracls.__file__).parent.rglob("*.py")
+    }
+    assert max(sizes.values()) <= 420, sorted(sizes.items(), key=lambda item: -item[1])[:3]

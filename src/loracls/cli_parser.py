@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _job_commands(sub)
     _run_commands(sub)
+    _ship_commands(sub)
     return parser
 
 
@@ -113,7 +114,7 @@ def _trial_engine_options(parser) -> None:
 
 
 def _run_commands(sub) -> None:
-    """Commands that start from a finished run (or a model): report, evaluate, predict, serve, export, modules."""
+    """Commands that read a finished run: distill, report, evaluate, predict."""
     p = sub.add_parser("distill", help="teach a small encoder the run's probabilities; it joins the run's verdict")
     p.add_argument("run")
     p.add_argument("--student", default="minilm", help="minilm (default), mpnet-base, or an HF encoder directory")
@@ -148,6 +149,9 @@ def _run_commands(sub) -> None:
     p.add_argument("--batch-size", type=_positive, help="texts per forward pass (default: the run's eval_batch_size)")
     _inference_options(p)
 
+
+def _ship_commands(sub) -> None:
+    """Commands that ship a finished run: serve, export, modules."""
     p = sub.add_parser("serve", help="serve a run over HTTP (vLLM /classify and TEI /predict shapes)")
     p.add_argument(
         "run",

@@ -281,20 +281,9 @@ def _comments_section(metrics: runs.Metrics, test_rows: list) -> list[str]:
     ]
 
 
-def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
-    kind = problem_for(metrics.test.problem)
-    thresholds = kind.thresholds(metrics.test)  # per label, where the problem type tunes them
-    per_class = [
-        [label, *([thresholds[label]] if thresholds else []), row.precision, row.recall, row.f1, row.support]
-        for label, row in metrics.test.per_class.items()
-    ]
-    mistakes = [
-        [_shown(r["label"]), _shown(r["prediction"]), _confidence_in_mistake(r), r["text"]]
-        for r in confident_mistakes(test_rows)
-    ]
-    scores = list(kind.score_names)
+def _training_summary(metrics: runs.Metrics) -> list[list]:
     train = metrics.train
-    summary = [
+    return [
         ["train steps", train.steps],
         ["stopped early", train.stopped_early],
         ["epochs added while validation improved", train.extensions],
@@ -310,6 +299,21 @@ def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], t
         ["best step", metrics.validation.best_step],
         ["merged == adapter", metrics.export.predictions_equal if metrics.export else "not exported"],
     ]
+
+
+def _page(name: str, metrics: runs.Metrics, env: dict, comparison: list[list], test_rows: list) -> str:
+    kind = problem_for(metrics.test.problem)
+    thresholds = kind.thresholds(metrics.test)  # per label, where the problem type tunes them
+    per_class = [
+        [label, *([thresholds[label]] if thresholds else []), row.precision, row.recall, row.f1, row.support]
+        for label, row in metrics.test.per_class.items()
+    ]
+    mistakes = [
+        [_shown(r["label"]), _shown(r["prediction"]), _confidence_in_mistake(r), r["text"]]
+        for r in confident_mistakes(test_rows)
+    ]
+    scores = list(kind.score_names)
+    summary = _training_summary(metrics)
     sections = [
         f"<h1>loracls run {html.escape(name)}</h1>",
         "<h2>Does the LLM pay for itself? Every model on the test split, quality and cost</h2>",

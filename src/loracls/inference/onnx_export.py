@@ -153,6 +153,33 @@ def _onnx_logits(session, ids: list[list[int]], pad_id: int, batch_size: int) ->
     )
 
 
+def _checked_target(target: Path, replace: bool) -> Path:
+    """The export's folder: new, empty, or (with --force) an earlier ONNX export, never some other folder."""
+    if target.exists() and not target.is_dir():
+        raise LoraclsError(f"{target} exists and is not a folder")
+    if target.exists() and any(target.iterdir()):
+        if not replace:
+            raise LoraclsError(f"{target} already exists and is not empty; add --force to replace it")
+        if not (target / "model.onnx").is_file():
+            raise LoraclsError(f"{target} is not an ONNX export (no model.onnx): refusing to replace it")
+    return target
+
+
+def _compared(check: ExportCheck) -> str:
+    return (
+        f"max probability difference {check.max_probability_difference:.2e}, {check.disagreements} label "
+        f"disagreement(s); {check.texts_per_second:.1f} vs {check.reference_texts_per_second:.1f} texts/s"
+    )
+
+
+def _write_beside(classifier: Classifier, folder: Path) -> None:
+    """What a user needs beside model.onnx: the tokenizer, the input format and decision, the label names."""
+    classifier.tokenizer.save_pretrained(folder)
+    c = classifier
+    InputFormat(c.input_template, c.max_length, c.long_text, c.chunk_stride, c.decision).write(folder / INPUT_FORMAT)
+    files.write_json(folder / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
+
+
 def export_onnx(
     run_path: str, out: str | None = None, log: Log = print, replace: bool = False, quantize: str | None = None
 ) -> list[ExportCheck]:
@@ -163,14 +190,7 @@ def export_onnx(
     if run is None:
         raise LoraclsError(f"export --format onnx checks on the run's test split: {run_path} is in no run directory")
     config = runs.read_config(run)
-    target = Path(out) if out else source / ONNX_DIR
-    if target.exists() and not target.is_dir():
-        raise LoraclsError(f"{target} exists and is not a folder")
-    if target.exists() and any(target.iterdir()):
-        if not replace:
-            raise LoraclsError(f"{target} already exists and is not empty; add --force to replace it")
-        if not (target / "model.onnx").is_file():  # --force replaces an export, never some other folder
-            raise LoraclsError(f"{target} is not an ONNX export (no model.onnx): refusing to replace it")
+    target = _checked_target(Path(out) if out else source / ONNX_DIR, replace)
     classifier = Classifier(run_path, log, device="cpu", precision="fp32")  # exported and checked in fp32 on the CPU
     test = load_dataset(DataSpec.of(config)).test
     encoded = classifier.encode(test.texts)
@@ -186,15 +206,7 @@ def export_onnx(
         padded.append(
             export_dynamic(classifier.model, example, staging / "model.onnx", classifier.max_length, pad, log)
         )
-        classifier.tokenizer.save_pretrained(staging)
-        InputFormat(
-            classifier.input_template,
-            classifier.max_length,
-            classifier.long_text,
-            classifier.chunk_stride,
-            classifier.decision,
-        ).write(staging / INPUT_FORMAT)
-        files.write_json(staging / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
+        _write_beside(classifier, staging)
 
     def check(staging: Path) -> tuple[ExportCheck, np.ndarray, float]:
         started = time.perf_counter()
@@ -221,11 +233,7 @@ def export_onnx(
         return result, a, torch_seconds
 
     check, a, torch_seconds = export_checked(target, fill, check, "the ONNX export")
-    log(
-        f"export: {check.file}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): max probability "
-        f"difference {check.max_probability_difference:.2e}, {check.disagreements} label disagreement(s); "
-        f"{check.texts_per_second:.1f} vs {check.reference_texts_per_second:.1f} texts/s"
-    )
+    log(f"export: {check.file}; on {len(a)} test texts onnxruntime vs PyTorch (fp32, CPU): " + _compared(check))
     if quantize is None:
         return [check]
     return [check, _quantized(target, classifier, encoded, test, _TorchReference(a, torch_seconds), log)]
