@@ -101,12 +101,12 @@ def test_the_teacher_scores_are_cached_by_chunk_and_a_killed_call_continues(tmp_
 
 
 def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_csv, tmp_path):
-    config = _config(data_csv)
-    dataset = load_dataset(DataSpec.of(config))
-    left = left_out_texts(DataSpec.of(config), dataset)
+    spec = DataSpec.of(_config(data_csv))
+    dataset = load_dataset(spec)
+    left = left_out_texts(spec, dataset)
     in_splits = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
     assert left and not set(left) & in_splits and len(left) == len(set(left))
-    assert _unlabeled(None, config, dataset, lambda *_: None) == left
+    assert _unlabeled(None, spec, dataset, lambda *_: None) == left
     test_text = dataset.test.texts[0]  # a split's text is not taught: the student would see its test answer
     fresh = ["a new text", "another new text", "a new text"]
     files = {
@@ -116,7 +116,7 @@ def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_
     }
     for name, content in files.items():
         (tmp_path / name).write_text(content)
-        assert _unlabeled(str(tmp_path / name), config, dataset, lambda *_: None) == fresh[:2], name
+        assert _unlabeled(str(tmp_path / name), spec, dataset, lambda *_: None) == fresh[:2], name
 
 
 @pytest.fixture(scope="module")
