@@ -219,3 +219,32 @@ def test_an_unfinished_run_is_not_distilled(trained_runs, tmp_path, capsys):
     (run / runs.METRICS).unlink()
     assert main(["distill", str(run)]) == 2
     assert "has not finished" in capsys.readouterr().err
+
+
+def test_the_students_onnx_export_is_loaded_as_a_user_loads_it(distilled, capsys):
+    """`export RUN/student --format onnx`: checked against the student in PyTorch, read back by plain
+    onnxruntime + the tokenizer beside it, its card tagged as a distilled model (not a LoRA one)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnxruntime
+    from transformers import AutoTokenizer
+
+    run, _ = distilled
+    student = run / runs.STUDENT
+    capsys.readouterr()
+    assert main(["export", str(student), "--format", "onnx"]) == 0
+    check = json.loads(capsys.readouterr().out)
+    assert check["format"] == "onnx" and check["predictions_equal"] and check["max_probability_difference"] < 1e-3
+    folder = student / "onnx"
+    texts = ["good film", "bad film", "a long and winding story"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    encoded = tokenizer(texts, padding=True, return_tensors="np")
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"))
+    feeds = {i.name: encoded[i.name].astype(np.int64) for i in session.get_inputs()}
+    logits = session.run(None, feeds)[0]
+    with torch.no_grad():
+        model = AutoModelForSequenceClassification.from_pretrained(student).eval()
+        reference = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits.numpy()
+    assert np.allclose(logits, reference, atol=1e-3)
+    card = ModelCard.load(folder / "README.md")
+    assert "distillation" in card.data.tags and "lora" not in card.data.tags

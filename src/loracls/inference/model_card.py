@@ -50,9 +50,9 @@ def _write(folder: Path, kind: str, run: Path, config: Config, metrics, student)
     of_student = student is not None and (kind == "student" or folder.parent.name == runs.STUDENT)
     test = student.test if of_student else metrics.test
     base = base_model_id(student.model if of_student else config.model)
-    header = _metadata(kind, run.name, base, config, test)
+    header = _metadata(kind, of_student, run.name, base, config, test)
     body = [
-        f"# {run.name}: {_what(kind, config, student)}",
+        f"# {run.name}: {_what(kind, config, student if of_student else None)}",
         "",
         f"Made with loracls from `{config.model}`"
         + (f" ({base})" if base and base != config.model else "")
@@ -85,16 +85,16 @@ def _what(kind: str, config: Config, student) -> str:
         "adapter": f"a LoRA adapter (r {config.r}) and classification head",
         "merged": "the classifier with its LoRA merged",
         "student": f"{student.model if student else 'an encoder'} distilled from the LoRA classifier",
-        "onnx": "the classifier as ONNX (checked with onnxruntime)",
+        "onnx": f"{f'the distilled {student.model}' if student else 'the classifier'} as ONNX (checked by onnxruntime)",
     }[kind]
 
 
-def _metadata(kind: str, name: str, base: str | None, config: Config, test) -> dict:
+def _metadata(kind: str, of_student: bool, name: str, base: str | None, config: Config, test) -> dict:
     library = {"adapter": "peft", "merged": "transformers", "student": "transformers", "onnx": "onnx"}[kind]
     data = {"library_name": library, "pipeline_tag": "text-classification"}
     if base:
         data["base_model"] = base
-    data["tags"] = ["loracls", "text-classification"] + (["lora"] if kind != "student" else ["distillation"])
+    data["tags"] = ["loracls", "text-classification", "distillation" if of_student else "lora"]
     dataset = EMBEDDED_DATASET if config.data == EMBEDDED_DATA else None
     if dataset:
         data["datasets"] = [dataset]
