@@ -39,23 +39,12 @@ class DataSpec:
         """The config's data settings, refused where the problem type cannot use them (`Problem.check_config`);
         a `datasets` set given as `data` brings its own validation and test splits where it has both."""
         problem_for(config.problem).check_config(config)
-        spec = cls(
-            data=config.data,
-            validation_data=config.validation_data,
-            test_data=config.test_data,
-            problem=config.problem,
-            text_column=config.text_column,
-            label_column=config.label_column,
-            comment_column=config.comment_column,
-            label_separator=config.label_separator,
-            labels=None if config.labels is None else tuple(config.labels),
-            seed=config.seed,
-            balanced=config.balanced_splits,
-            train_size=config.train_size,
-            validation_size=config.validation_size,
-            test_size=config.test_size,
-            allow_overlap=config.allow_overlap,
-        )
+        derived = {
+            "labels": None if config.labels is None else tuple(config.labels),
+            "balanced": config.balanced_splits,
+        }
+        same_names = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if f.name not in derived}
+        spec = cls(**same_names, **derived)  # every other field is the config's field of the same name
         return spec._with_hf_splits()
 
     @property
