@@ -6,6 +6,11 @@
 # rounds (every set's `defaults`, then every set's `mean`, ...) so that a cut-short study still compares across
 # sets. Resumable: a finished run is skipped, a killed one is continued (`train --resume`). 1 thread a process;
 # two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU.
+# `encoders` expands to one `loracls baseline` process per (encoder, learning rate) of the grid, named
+# enc_MODEL_LR (e.g. enc_mpnet-base_5e-05-tweets), each kept when it ends: a killed study loses at most one
+# encoder's one learning rate (an mpnet-base rate on 2000 texts is 25-40 min), not the set's 2 h. The grid's
+# choice (the best validation score of an encoder over its rates) is made by summarize.py, as `baseline` makes
+# it in one process.
 # STUDY_ORDER=set runs every given variant on one set before the next set (pairs of variants compared sooner);
 # STUDY_SETS="chinese tweets" runs only those sets, in that order.
 # Every finished run's small files (metrics.json, train_log.jsonl, config.yaml; an encoders run's JSON and log)
@@ -41,7 +46,8 @@ set_config() {  # the set's own keys
 variant_config() {  # what the variant changes
   case "$1" in
     defaults) printf 'baseline: false\n' ;;
-    encoders) printf 'baselines: [encoder]\nencoder_model: [minilm, mpnet-base]\n' ;;
+    enc_*) local rest="${1#enc_}"
+      printf 'baselines: [encoder]\nencoder_model: %s\nencoder_learning_rate: %s\n' "${rest%_*}" "${rest##*_}" ;;
     mean) printf 'baseline: false\npooling: mean\n' ;;
     bidirectional_mean) printf 'baseline: false\npooling: mean\nbidirectional_attention: true\n' ;;
     lr_2e-3) printf 'baseline: false\nlearning_rate: 2.0e-3\n' ;;
@@ -64,6 +70,15 @@ keep() {  # a finished run's small files into benchmarks/study13/results/
   return 0
 }
 read -r -a sets <<< "${STUDY_SETS:-rt chinese tweets imbalanced emotions}"
+expanded=()
+for variant in "${variants[@]}"; do
+  if [ "$variant" = encoders ]; then
+    for model in minilm mpnet-base; do for rate in 5e-05 1e-04 2e-04; do expanded+=("enc_${model}_$rate"); done; done
+  else
+    expanded+=("$variant")
+  fi
+done
+variants=("${expanded[@]}")
 pairs=()
 for variant in "${variants[@]}"; do for set in "${sets[@]}"; do pairs+=("$variant $set"); done; done
 if [ "${STUDY_ORDER:-variant}" = set ]; then
@@ -79,7 +94,7 @@ for pair in "${pairs[@]}"; do
     config="$out/configs/$name.yaml"
     { echo "$common"; set_config "$set"; variant_config "$variant"; echo "run_name: $name"; } > "$config"
     echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
-    if [ "$variant" = encoders ]; then
+    if [[ "$variant" = enc_* ]]; then
       OMP_NUM_THREADS=1 python3 -m loracls baseline "$config" > "$out/runs/$name.json.part" 2>> "$out/logs/$name.log" \
         && mv "$out/runs/$name.json.part" "$out/runs/$name.json" || echo "failed: $name" >> "$out/logs/progress.txt"
     elif [ -f "$run/config.yaml" ]; then

@@ -24,11 +24,16 @@ def best_validation(run: Path) -> float | None:
     return at_best[-1][key] if at_best else None
 
 
-def encoder_scores(path: Path) -> dict[str, float]:
-    """`loracls baseline`'s output for a set: each encoder's best validation score (the grid's best)."""
-    if not path.is_file():
-        return {}
-    return {record["model"]: abs(record["validation_score"]) for record in json.loads(path.read_text())["encoders"]}
+def encoder_scores(runs: Path, name: str) -> dict[str, float]:
+    """Each encoder's best validation score on a set over its learning rates: from one `loracls baseline` of the
+    whole grid (encoders-SET.json) and from the one-rate processes (enc_MODEL_RATE-SET.json)."""
+    paths = [runs / f"encoders-{name}.json", *sorted(runs.glob(f"enc_*-{name}.json"))]
+    best: dict[str, float] = {}
+    for path in paths:
+        if path.is_file():
+            for record in json.loads(path.read_text())["encoders"]:
+                best[record["model"]] = max(best.get(record["model"], 0.0), abs(record["validation_score"]))
+    return best
 
 
 def table(out: Path) -> str:
@@ -49,7 +54,7 @@ def table(out: Path) -> str:
         mean = f"{sum(done) / len(done):.4f} ({len(done)})" if done else "-"
         shown = [f"{cells[s]:.4f}" if cells[s] is not None else "-" for s in SETS]
         rows.append(f"| {variant} | " + " | ".join(shown) + f" | {mean} | {change} |")
-    encoders = {s: encoder_scores(runs / f"encoders-{s}.json") for s in SETS}
+    encoders = {s: encoder_scores(runs, s) for s in SETS}
     for name in sorted({name for found in encoders.values() for name in found}):
         shown = [
             f"{encoders.get(s, {}).get(name):.4f}" if encoders.get(s, {}).get(name) is not None else "-" for s in SETS
