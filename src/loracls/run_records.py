@@ -241,7 +241,9 @@ class StudentRecord(EncoderRecord):
     teacher_weight: float = 1.0  # the teacher's share of the loss, chosen on validation
     training_texts: int = 0  # the training split's texts
     unlabeled_texts: int = 0  # texts with the teacher's probabilities only
-    teacher_texts_per_second: float | None = None  # the teacher on the same test split, in the same process
+    # the teacher on the same test texts, timed beside the student (`texts_per_second`: the exported student
+    # through the same Engine, before and after the teacher)
+    teacher_texts_per_second: float | None = None
     agreement_with_teacher: float | None = None  # share of test texts where the two choose the same labels
     export: ExportCheck | None = None  # the exported student read back as a user reads it
     weights: dict[str, float] = field(default_factory=dict)  # teacher weight -> best validation score

@@ -88,8 +88,8 @@ def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log 
         teaching = _teach(job)
         spec = StudentSpec(options.student, options.weights, _learning_rate(job))
         record, fitted = run_student(job.dataset, job.config, job.runtime, spec, teaching, log)
-        _test_beside_teacher(job, record, fitted)
         record.export = _export(job, fitted)
+        _test_beside_teacher(job, record, fitted)
         _record(job, record)
     return record
 
@@ -195,11 +195,17 @@ def _learning_rate(job: DistillJob) -> float:
 
 
 def _test_beside_teacher(job: DistillJob, record: StudentRecord, fitted) -> None:
-    """The teacher on the same test split in this process: its texts/s beside the student's, and agreement."""
+    """The exported student and the teacher on the same test texts through the same Engine (tokenizing and
+    calibrating included, as predict and serve pay them), timed side by side: student, teacher, student (the
+    student's mean of its two passes, so a change of the machine's load between them weighs on both); and the
+    share of texts where they agree."""
     test = job.dataset.test.texts
-    started = time.perf_counter()
-    teacher = job.teacher.probabilities(test)
-    record.teacher_texts_per_second = len(test) / max(time.perf_counter() - started, 1e-9)
+    student_engine = engine_for(str(job.run / runs.STUDENT), EngineOptions(batch_size=job.options.batch_size), quiet)
+    student_seconds = _timed(student_engine, test)[1]
+    teacher, teacher_seconds = _timed(job.teacher, test)
+    student_seconds = (student_seconds + _timed(student_engine, test)[1]) / 2
+    record.texts_per_second = len(test) / max(student_seconds, 1e-9)
+    record.teacher_texts_per_second = len(test) / max(teacher_seconds, 1e-9)
     kind = job.dataset.kind
     student = kind.chosen(fitted.decision.probabilities(fitted.test_logits), fitted.decision)
     taught = kind.chosen(teacher, job.teacher.decision)
@@ -211,6 +217,12 @@ def _test_beside_teacher(job: DistillJob, record: StudentRecord, fitted) -> None
         f"{kind.accuracy_name} {record.test.accuracy:.4f}, macro F1 {record.test.macro_f1:.4f}; agrees with the "
         f"teacher on {100 * record.agreement_with_teacher:.1f}% of test texts; {ratio:.1f}x the teacher's texts/s"
     )
+
+
+def _timed(engine: Engine, texts: list[str]) -> tuple[np.ndarray, float]:
+    started = time.perf_counter()
+    probabilities = engine.probabilities(texts)
+    return probabilities, time.perf_counter() - started
 
 
 def _export(job: DistillJob, fitted) -> runs.ExportCheck:
