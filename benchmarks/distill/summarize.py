@@ -36,7 +36,8 @@ def row(study: Path, name: str) -> str | None:
     teacher, own = metrics["test"]["accuracy"], student["test"]["accuracy"]
     gold_cell = f"{gold['test']['accuracy']:.4f}" if gold else "-"
     gain = f"{100 * (own - gold['test']['accuracy']):+.1f}" if gold else "-"
-    ratio = student["texts_per_second"] / student["teacher_texts_per_second"]
+    speed = _read(HERE / "results" / f"speed-{name}.json")  # benchmarks/distill/speed.py, where it has run
+    ratio = speed["ratio"] if speed else student["texts_per_second"] / student["teacher_texts_per_second"]
     teacher_ece = (metrics.get("calibration") or {}).get("after", {}).get("ece")
     eces = f"{student['test_ece']:.3f} / {teacher_ece:.3f}" if teacher_ece is not None and student["test_ece"] else "-"
     return (
