@@ -2,7 +2,7 @@
 (RUN/student) and the teacher (RUN) through the same Engine on the run's test texts, student, teacher, student,
 REPEATS times, in one process with one thread (the ratio of the medians). For runs distilled before distill
 timed this way. Writes benchmarks/distill/results/speed-SET.json, read by summarize.py.
-Usage: OMP_NUM_THREADS=1 python3 benchmarks/distill/speed.py STUDY_OUT SET [SET ...]"""
+Usage: python3 benchmarks/distill/speed.py STUDY_OUT SET [SET ...]"""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def measure(run: Path) -> dict:
 
 
 def main() -> None:
+    torch.set_num_threads(1)  # as the distill job runs (the study's `threads: 1`); engines keep the process's
     study = Path(sys.argv[1])
     for name in sys.argv[2:]:
         result = measure(study / "runs" / f"defaults-{name}")
