@@ -2,6 +2,7 @@
 finished run (export read back, verdict row, predict and serve side by side) and its refusals."""
 
 import json
+import os
 import shutil
 from dataclasses import replace
 
@@ -162,7 +163,13 @@ def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsy
     assert main(["predict", str(run / runs.STUDENT), "--text", "good film", "--text", "bad film"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [row["text"] for row in rows] == ["good film", "bad film"] and all(row["prediction"] for row in rows)
-    group = EngineGroup([engine_for(str(run), log=lambda *_: None), engine_for(str(run / runs.STUDENT), log=print)])
+    original = (run / runs.CONFIG).read_text()
+    runs.write_config(run, from_dict({"threads": 1, "eval_batch_size": 7}, base=runs.read_config(run)))
+    student = engine_for(str(run / runs.STUDENT), log=print)  # inside a run: the run's settings, as its teacher
+    assert student.batch_size == 7 and torch.get_num_threads() == 1
+    (run / runs.CONFIG).write_text(original)
+    torch.set_num_threads(os.cpu_count() or 1)
+    group = EngineGroup([engine_for(str(run), log=lambda *_: None), student])
     names = list(group.served_runs())
     assert names == ["run", "run-student"]
 
