@@ -167,11 +167,15 @@ class Classifier(RunFormat):
         fmt = runs.InputFormat.read(directory / runs.INPUT_FORMAT)
         self.input_template, self.max_length, self.decision = fmt.input_template, fmt.max_length, fmt.decision
         self.long_text, self.chunk_stride = fmt.long_text, fmt.chunk_stride
-        # a model folder inside a run (RUN/student) runs on the run's device, precision and threads
-        config = runs.read_config(run) if inside else None
+        # a model folder inside a run (RUN/student, RUN/merged) runs on the run's device, precision, threads and
+        # batch size; a folder on its own on what the machine has
+        config = runs.read_config(run) if run is not None else None
         self.batch_size = config.eval_batch_size if config else 32
-        settings = (config.device, config.precision, config.threads) if config else ("auto", "auto", None)
-        self.runtime = setup_runtime(device or settings[0], precision or settings[1], settings[2])
+        self.runtime = (
+            setup_runtime(device or config.device, precision or config.precision, config.threads)
+            if config
+            else setup_runtime(device or "auto", precision or "auto", None)
+        )
 
     def logits(self, ids: list[list[int]], progress: bool = False, max_tokens: int | None = None) -> np.ndarray:
         """Row logits; `max_tokens` caps the padded tokens of one forward pass (the server's mixed batches)."""

@@ -175,8 +175,8 @@ def _compared(check: ExportCheck) -> str:
 def _write_beside(classifier: Classifier, folder: Path) -> None:
     """What a user needs beside model.onnx: the tokenizer, the input format and decision, the label names."""
     classifier.tokenizer.save_pretrained(folder)
-    c = classifier
-    InputFormat(c.input_template, c.max_length, c.long_text, c.chunk_stride, c.decision).write(folder / INPUT_FORMAT)
+    trained_with = (classifier.input_template, classifier.max_length, classifier.long_text, classifier.chunk_stride)
+    InputFormat(*trained_with, classifier.decision).write(folder / INPUT_FORMAT)
     files.write_json(folder / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
 
 
