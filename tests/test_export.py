@@ -79,7 +79,7 @@ def test_an_onnx_graph_with_fixed_input_axes_is_not_kept(run_copy, monkeypatch, 
 
     from loracls.inference import onnx_export
 
-    def static(model, example, pad_to, pad_id):
+    def static(model, example, longest, pad_to, pad_id):
         return torch.export.export(onnx_export._Logits(model).eval(), (), kwargs=example, strict=False)
 
     monkeypatch.setattr(onnx_export, "_program", static)

@@ -52,10 +52,13 @@ def _require_onnx():
         raise LoraclsError("export --format onnx needs: pip install onnx onnxscript onnxruntime") from None
 
 
-def _program(model, example: dict, pad_to: int | None, pad_id: int):
-    """torch.export's program with batch and sequence length dynamic (up to `pad_to` where given)."""
+def _program(model, example: dict, longest: int, pad_to: int | None, pad_id: int):
+    """torch.export's program with batch and sequence length dynamic, the length up to `longest` (the run's
+    max_length: no text is longer). Unbounded, a model that slices a position table (BERT's `position_ids[:, :n]`,
+    512 rows) fails the exporter's guard `sequence <= 512` and was padded to max_length: MiniLM's student then ran
+    at 6 texts/s in onnxruntime against 81 in PyTorch on rt's test texts, 1 thread."""
     batch = torch.export.Dim("batch")
-    seq = torch.export.Dim("sequence", max=pad_to) if pad_to else torch.export.Dim("sequence")
+    seq = torch.export.Dim("sequence", max=pad_to or longest)
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
     return torch.export.export(
         _Logits(model, pad_to, pad_id).eval(), (), kwargs=example, dynamic_shapes=shapes, strict=False
@@ -71,16 +74,17 @@ def export_dynamic(model, example: dict, target: Path, max_length: int, pad_id: 
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's registry warnings are not ours to show
     padded = None
+    longest = min(max_length, getattr(model.config, "max_position_embeddings", None) or max_length)
     try:
         try:
-            program = _program(model, example, None, pad_id)
+            program = _program(model, example, longest, None, pad_id)
         except torch._dynamo.exc.UserError as exc:  # "Constraints violated (sequence)": a guard fixed the length
             log(
                 f"export: this model's sequence length cannot stay dynamic in the graph (torch.export: "
                 f"{first_line(exc, 60)}); its inputs are padded to {max_length} inside the graph"
             )
             padded = max_length
-            program = _program(model, example, padded, pad_id)
+            program = _program(model, example, longest, padded, pad_id)
         onnx_program = torch.onnx.export(
             program,
             (),
