@@ -6,6 +6,8 @@
 # (the study's `encoders` run of the set, or, where that has not run, `loracls baseline` with MiniLM alone: the
 # same early stopping and learning-rate grid, kept as results/gold-SET.json) and the teacher. Resumable: a set
 # with a kept record is skipped; the teacher's scores are cached in the run.
+# MAX_UNLABELED=N, WEIGHTS=0.5,1 (the teacher weights tried) and TAG=NAME (the record kept as SET-NAME.json,
+# e.g. TAG=all MAX_UNLABELED=20000 WEIGHTS=1: every left-out text, one weight) vary the measurement.
 # Table: python3 benchmarks/distill/summarize.py STUDY_OUT
 # Usage: bash benchmarks/distill/run.sh STUDY_OUT [SET ...]
 set -euo pipefail
@@ -17,11 +19,12 @@ sets=("$@")
 mkdir -p "$here/results"
 for set in "${sets[@]}"; do
   run="$out/runs/defaults-$set"
-  [ -f "$here/results/$set.json" ] && continue
+  kept="$here/results/$set${TAG:+-$TAG}.json"
+  [ -f "$kept" ] && continue
   [ -f "$run/metrics.json" ] || { echo "distill: $run has not finished; skipped"; continue; }
   echo "$(date -u +%FT%TZ) distill $set"
   OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-3000}" \
-    >> "$out/logs/distill-$set.log" 2>&1 && cp "$run/student.json" "$here/results/$set.json" \
+    --weights "${WEIGHTS:-0.5,1}" >> "$out/logs/distill-$set${TAG:+-$TAG}.log" 2>&1 && cp "$run/student.json" "$kept" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
 done
 for set in "${sets[@]}"; do  # the gold-label MiniLM where the study's encoders run of the set is missing
