@@ -1,7 +1,8 @@
 """loracls 15's table: per set, the teacher (LoRA at the study's defaults), MiniLM fine-tuned on the gold labels
 alone (the study's encoders run, else benchmarks/distill/results/gold-SET.json) and MiniLM distilled from the
 teacher (benchmarks/distill/results/SET.json), on the same test split; texts/s of the student against the
-teacher's measured in the same distill process.
+teacher's measured in the same distill process. A tagged record (results/SET-TAG.json: run.sh's TAG, e.g. every
+left-out text as the unlabeled set) is one more row of its set.
 Usage: python3 benchmarks/distill/summarize.py STUDY_OUT   (the study's kept results also serve as STUDY_OUT)"""
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def _gold(study: Path, name: str) -> dict | None:
     return max(found, key=lambda e: abs(e["validation_score"]), default=None)
 
 
-def row(study: Path, name: str) -> str | None:
-    student = _read(HERE / "results" / f"{name}.json")
+def row(study: Path, name: str, tag: str | None = None) -> str | None:
+    student = _read(HERE / "results" / (f"{name}-{tag}.json" if tag else f"{name}.json"))
     metrics = _read(study / "runs" / f"defaults-{name}" / "metrics.json")
     if student is None or metrics is None:
         return None
@@ -36,12 +37,14 @@ def row(study: Path, name: str) -> str | None:
     teacher, own = metrics["test"]["accuracy"], student["test"]["accuracy"]
     gold_cell = f"{gold['test']['accuracy']:.4f}" if gold else "-"
     gain = f"{100 * (own - gold['test']['accuracy']):+.1f}" if gold else "-"
-    speed = _read(HERE / "results" / f"speed-{name}.json")  # benchmarks/distill/speed.py, where it has run
+    # benchmarks/distill/speed.py where it has run (records of before distill timed the exported student)
+    speed = None if tag else _read(HERE / "results" / f"speed-{name}.json")
     ratio = speed["ratio"] if speed else student["texts_per_second"] / student["teacher_texts_per_second"]
     teacher_ece = (metrics.get("calibration") or {}).get("after", {}).get("ece")
     eces = f"{student['test_ece']:.3f} / {teacher_ece:.3f}" if teacher_ece is not None and student["test_ece"] else "-"
     return (
-        f"| {name} | {teacher:.4f} | {gold_cell} | {own:.4f} | {gain} | {100 * (own - teacher):+.1f} | "
+        f"| {name + (f' ({tag})' if tag else '')} | {teacher:.4f} | {gold_cell} | {own:.4f} | {gain} | "
+        f"{100 * (own - teacher):+.1f} | "
         f"{student['teacher_weight']:g} | {student['unlabeled_texts']} | "
         f"{100 * student['agreement_with_teacher']:.1f}% | "
         f"{ratio:.1f}x | {eces} |"
@@ -55,7 +58,9 @@ def main() -> None:
         "| unlabeled | agrees | texts/s vs teacher | ECE student / teacher |",
         "|---" * 11 + "|",
     ]
-    lines += [r for r in (row(study, name) for name in SETS) if r]
+    for name in SETS:
+        tags = sorted(p.stem[len(name) + 1 :] for p in (HERE / "results").glob(f"{name}-*.json"))
+        lines += [r for r in (row(study, name, tag) for tag in [None, *tags]) if r]
     print("\n".join(lines))
 
 
