@@ -1,6 +1,7 @@
 """loracls 15's table: per set, the teacher (LoRA at the study's defaults), MiniLM fine-tuned on the gold labels
 alone (the study's encoders run, else benchmarks/distill/results/gold-SET.json) and MiniLM distilled from the
-teacher (benchmarks/distill/results/SET.json), on the same test split; texts/s of the student against the
+teacher (benchmarks/distill/results/SET.json), on the same test split, in the set's own measure (the study's
+select_by: accuracy, or macro F1 on imbalanced and emotions); texts/s of the student against the
 teacher's measured in the same distill process. A tagged record (results/SET-TAG.json: run.sh's TAG, e.g. every
 left-out text as the unlabeled set) is one more row of its set.
 Usage: python3 benchmarks/distill/summarize.py STUDY_OUT   (the study's kept results also serve as STUDY_OUT)"""
@@ -34,16 +35,19 @@ def row(study: Path, name: str, tag: str | None = None) -> str | None:
     if student is None or metrics is None:
         return None
     gold = _gold(study, name)
-    teacher, own = metrics["test"]["accuracy"], student["test"]["accuracy"]
-    gold_cell = f"{gold['test']['accuracy']:.4f}" if gold else "-"
-    gain = f"{100 * (own - gold['test']['accuracy']):+.1f}" if gold else "-"
+    measure = metrics["validation"].get("select_by", "accuracy")  # the set's measure (macro F1: imbalanced, emotions)
+    key = "macro_f1" if measure == "macro_f1" else "accuracy"
+    teacher, own = metrics["test"][key], student["test"][key]
+    gold_cell = f"{gold['test'][key]:.4f}" if gold else "-"
+    gain = f"{100 * (own - gold['test'][key]):+.1f}" if gold else "-"
     # benchmarks/distill/speed.py where it has run (records of before distill timed the exported student)
     speed = None if tag else _read(HERE / "results" / f"speed-{name}.json")
     ratio = speed["ratio"] if speed else student["texts_per_second"] / student["teacher_texts_per_second"]
     teacher_ece = (metrics.get("calibration") or {}).get("after", {}).get("ece")
     eces = f"{student['test_ece']:.3f} / {teacher_ece:.3f}" if teacher_ece is not None and student["test_ece"] else "-"
     return (
-        f"| {name + (f' ({tag})' if tag else '')} | {teacher:.4f} | {gold_cell} | {own:.4f} | {gain} | "
+        f"| {name + (f' ({tag})' if tag else '')} | {key.replace('_', ' ')} | {teacher:.4f} | {gold_cell} | "
+        f"{own:.4f} | {gain} | "
         f"{100 * (own - teacher):+.1f} | "
         f"{student['teacher_weight']:g} | {student['unlabeled_texts']} | "
         f"{100 * student['agreement_with_teacher']:.1f}% | "
@@ -54,9 +58,9 @@ def row(study: Path, name: str, tag: str | None = None) -> str | None:
 def main() -> None:
     study = Path(sys.argv[1])
     lines = [
-        "| set | teacher (LoRA) | MiniLM, gold labels | MiniLM, distilled | vs gold | vs teacher | teacher weight "
-        "| unlabeled | agrees | texts/s vs teacher | ECE student / teacher |",
-        "|---" * 11 + "|",
+        "| set | measure | teacher (LoRA) | MiniLM, gold labels | MiniLM, distilled | vs gold | vs teacher "
+        "| teacher weight | unlabeled | agrees | texts/s vs teacher | ECE student / teacher |",
+        "|---" * 12 + "|",
     ]
     for name in SETS:
         tags = sorted(p.stem[len(name) + 1 :] for p in (HERE / "results").glob(f"{name}-*.json"))
