@@ -82,23 +82,29 @@ class _CountingTeacher:
         return np.hstack([p, 1 - p])
 
 
-def test_the_teacher_scores_are_cached_by_chunk_and_a_killed_call_continues(tmp_path):
+def test_the_teacher_scores_are_cached_by_text_and_a_killed_call_continues(tmp_path):
     texts = [f"text number {i}" + "!" * (i % 5) for i in range(2 * TEACHER_CHUNK + 10)]
     cache = tmp_path / "teacher_scores"
     killed = _CountingTeacher(fail_after=1)
     with pytest.raises(KeyboardInterrupt):
         teacher_probabilities(killed, texts, cache, lambda *_: None)
-    assert killed.scored == TEACHER_CHUNK and len(list(cache.glob("part-*.npy"))) == 1
+    assert killed.scored == TEACHER_CHUNK and len(list(cache.glob("part-*.npz"))) == 1
     resumed, said = _CountingTeacher(), []
     first = teacher_probabilities(resumed, texts, cache, said.append)
-    assert resumed.scored == len(texts) - TEACHER_CHUNK  # only the chunks not written before
+    assert resumed.scored == len(texts) - TEACHER_CHUNK  # only the texts not written before
     assert f"({TEACHER_CHUNK} read from" in said[-1]
     again = _CountingTeacher()
     assert np.array_equal(teacher_probabilities(again, texts, cache, said.append), first) and again.scored == 0
     assert np.allclose(first, _CountingTeacher().probabilities(texts))
-    other = _CountingTeacher()  # other texts: the cache starts anew
-    teacher_probabilities(other, texts[:-1], cache, said.append)
-    assert other.scored == len(texts) - 1
+    # other texts (more unlabeled ones, in another order, a repeat): only the unseen ones are scored
+    more = [*texts[::-1], "one more text", "one more text", "and another"]
+    wider = _CountingTeacher()
+    got = teacher_probabilities(wider, more, cache, said.append)
+    assert wider.scored == 2 and np.allclose(got, _CountingTeacher().probabilities(more))
+    relabeled = _CountingTeacher()  # another teacher (other labels): the cache starts anew
+    relabeled.labels = ["x", "y"]
+    teacher_probabilities(relabeled, texts[:3], cache, said.append)
+    assert relabeled.scored == 3 and len(list(cache.glob("part-*.npz"))) == 1
 
 
 def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_csv, tmp_path):

@@ -59,7 +59,7 @@ INPUT_FORMAT = "loracls_input.json"  # beside an exported model (merged/, onnx/)
 HEAD_BASELINE = "head_baseline"  # label_and_comment: the classification-head LoRA's own run, inside the run
 STUDENT = "student"  # distill: the student, exported (a standard sequence-classifier directory)
 STUDENT_RECORD = "student.json"  # distill: the student's record
-TEACHER_SCORES = "teacher_scores"  # distill: the teacher's probabilities, cached by chunk
+TEACHER_SCORES = "teacher_scores"  # distill: the teacher's probabilities, cached a row per text (its SHA-256)
 LOCK = ".loracls.lock"  # held (flock) by the one process that writes the run: train, export, sweep
 
 
