@@ -7,6 +7,7 @@ import shutil
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -124,6 +125,8 @@ def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_
     for name, content in files.items():
         (tmp_path / name).write_text(content)
         assert _unlabeled(str(tmp_path / name), spec, dataset, lambda *_: None) == fresh[:2], name
+    pd.DataFrame({"text": [*fresh, test_text], "other": 1}).to_parquet(tmp_path / "u.parquet")
+    assert _unlabeled(str(tmp_path / "u.parquet"), spec, dataset, lambda *_: None) == fresh[:2]
 
 
 @pytest.fixture(scope="module")
