@@ -208,6 +208,9 @@ def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
         (["--unlabeled", "{tmp}/missing.csv"], "missing.csv"),
         (["--unlabeled", "{tmp}/empty_text.csv"], "empty text"),
         (["--unlabeled", "{tmp}/no_column.csv"], "text"),
+        (["--unlabeled", "{tmp}/texts.xlsx"], "unsupported file type"),
+        (["--unlabeled", "{tmp}/broken.parquet"], "broken.parquet"),
+        (["--max-unlabeled", "-1"], "--max-unlabeled"),
         (["--weights", "0,1"], "teacher weight"),
         (["--weights", "one"], "--weights"),
         (["--learning-rate", "-1"], "learning rate"),
@@ -220,6 +223,8 @@ def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path
     (tmp_path / "empty_text.csv").write_text('text\n"fine"\n""\n')
     (tmp_path / "no_column.csv").write_text("words\nhello\n")
     (tmp_path / "not_an_encoder").mkdir()
+    (tmp_path / "texts.xlsx").write_bytes(b"PK\x03\x04 not read")
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 cut short")
     before = (run / runs.METRICS).read_text()
     capsys.readouterr()
     code = main(["distill", str(run), *[a.replace("{tmp}", str(tmp_path)) for a in args]])
