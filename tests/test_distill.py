@@ -152,6 +152,9 @@ def test_distill_writes_a_checked_student_that_joins_the_verdict(distilled):
     rows = {row.name: row for row in runs.read_metrics(run).verdict.rows}
     assert [row.name for row in before.verdict.rows] + ["student"] == list(rows)
     assert rows["student"].accuracy == record.test.accuracy and rows["student"].texts_per_second > 0
+    # the cost ratio in the verdict is the one measured side by side in the distill, not two jobs' raw figures
+    side_by_side = record.texts_per_second / record.teacher_texts_per_second
+    assert rows["student"].texts_per_second / rows["LoRA"].texts_per_second == pytest.approx(side_by_side)
     # read as a user reads it: plain transformers, the temperature already in the head
     model = AutoModelForSequenceClassification.from_pretrained(str(run / runs.STUDENT))
     assert model.config.id2label == {0: "neg", 1: "pos"}
