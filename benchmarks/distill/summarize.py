@@ -47,8 +47,7 @@ def row(study: Path, name: str, tag: str | None = None) -> str | None:
     eces = f"{student['test_ece']:.3f} / {teacher_ece:.3f}" if teacher_ece is not None and student["test_ece"] else "-"
     return (
         f"| {name + (f' ({tag})' if tag else '')} | {key.replace('_', ' ')} | {teacher:.4f} | {gold_cell} | "
-        f"{own:.4f} | {gain} | "
-        f"{100 * (own - teacher):+.1f} | "
+        f"{own:.4f} | {gain} | {100 * (own - teacher):+.1f} | "
         f"{student['teacher_weight']:g} | {student['unlabeled_texts']} | "
         f"{100 * student['agreement_with_teacher']:.1f}% | "
         f"{ratio:.1f}x | {eces} |"

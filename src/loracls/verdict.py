@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["LadderRow", "Verdict", "decide", "standard_error"]
+__all__ = ["LORA_ROW", "LadderRow", "Verdict", "decide", "standard_error"]
+
+LORA_ROW = "LoRA"  # the trained classifier's row: the one every other row is compared with
 
 
 @dataclass
@@ -74,7 +76,7 @@ def standard_error(score: float, examples: int) -> float:
 
 def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -> str:
     words = "macro F1" if metric == "macro_f1" else "accuracy"
-    lora = next((r for r in rows if r.name == "LoRA"), None)
+    lora = next((r for r in rows if r.name == LORA_ROW), None)
     others = [r for r in rows if r.name != ship.name]
     if not others:
         return f"ship {ship.name}: nothing else was measured"

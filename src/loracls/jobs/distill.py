@@ -49,7 +49,7 @@ from loracls.model.classifier import load_standalone
 from loracls.model.lora import head_name
 from loracls.model.scoring import Batching, predict_logits
 from loracls.runs import StudentRecord
-from loracls.verdict import LadderRow, decide
+from loracls.verdict import LORA_ROW, LadderRow, decide
 
 __all__ = ["DistillOptions", "distill", "STUDENT_ROW"]
 
@@ -285,7 +285,7 @@ def _record(job: DistillJob, record: StudentRecord) -> None:
     metrics = runs.read_metrics(job.run)
     if metrics.verdict is not None:
         verdict = metrics.verdict
-        lora = next((row for row in verdict.rows if row.name == "LoRA"), None)
+        lora = next((row for row in verdict.rows if row.name == LORA_ROW), None)
         rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record, lora)]
         metrics.verdict = decide(rows, verdict.examples, verdict.metric)
         runs.write_record(job.run / runs.METRICS, metrics)

@@ -41,7 +41,7 @@ from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult
 from loracls.training.plan import describe
 from loracls.training.tracking import Tracking, check_installed, tracking
-from loracls.verdict import LadderRow
+from loracls.verdict import LORA_ROW, LadderRow
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     job.built.model = None  # the export starts from the saved adapter
     export = export_run(job.setup, job.scorer, job.built, job.run) if job.config.merge else None
     lora = LadderRow(
-        "LoRA",
+        LORA_ROW,
         test.accuracy,
         test.macro_f1,
         ece=calibration.after.ece if calibration else None,
