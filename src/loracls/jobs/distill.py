@@ -162,7 +162,8 @@ def teacher_probabilities(teacher: Engine, texts: list[str], cache: Path, log: L
     digests = [hashlib.sha256(text.encode()).hexdigest() for text in texts]
     new = {digest: text for digest, text in zip(digests, texts) if digest not in known}
     cached = sum(digest in known for digest in digests)
-    todo, number = list(new), len(list(cache.glob("part-*.npz")))
+    todo = list(new)
+    number = 1 + max((int(part.stem.split("-")[1]) for part in cache.glob("part-*.npz")), default=-1)
     for start in range(0, len(todo), TEACHER_CHUNK):
         chunk = todo[start : start + TEACHER_CHUNK]
         scores = teacher.probabilities([new[digest] for digest in chunk]).astype(np.float32)
