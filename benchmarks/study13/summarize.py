@@ -1,6 +1,10 @@
 """The study's table (benchmarks/study13/run.sh): every variant's best validation score per set (accuracy; macro
 F1 for imbalanced and emotions), the encoders' best validation scores beside, and the mean and spread of each
 variant's change against `defaults`. Validation only: the test split is not read here.
+`no_extension` needs no run of its own: extend_epochs only adds epochs after the planned ones, so up to the plan's
+last step a run without it is the `defaults` run step for step (same seed, same batches; checked by one real
+no_extension run on emotions). Its cell, where no real run exists, is the best validation score of the `defaults`
+run's log up to the plan's last step, marked `*`.
 Usage: python3 benchmarks/study13/summarize.py OUT   (writes OUT/results.md and prints it)"""
 
 from __future__ import annotations
@@ -18,10 +22,31 @@ def best_validation(run: Path) -> float | None:
     if not metrics_path.is_file():
         return None
     validation = json.loads(metrics_path.read_text())["validation"]
-    key = "validation_macro_f1" if validation.get("select_by") == "macro_f1" else "validation_accuracy"
+    key = _select_key(run)
     lines = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     at_best = [line for line in lines if line.get("step") == validation["best_step"] and key in line]
     return at_best[-1][key] if at_best else None
+
+
+def _select_key(run: Path) -> str:
+    validation = json.loads((run / "metrics.json").read_text())["validation"]
+    return "validation_macro_f1" if validation.get("select_by") == "macro_f1" else "validation_accuracy"
+
+
+def best_within_plan(run: Path) -> float | None:
+    """The best validation score a run reached by the last step of its plan (epochs x steps per epoch, the steps
+    per epoch read from a logged step's epoch fraction): what the run would have chosen with extend_epochs: 0."""
+    if not (run / "metrics.json").is_file():
+        return None
+    lines = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    epochs = next(
+        int(line.split(":")[1]) for line in (run / "config.yaml").read_text().splitlines() if line.startswith("epochs:")
+    )
+    logged = next(line for line in lines if line.get("epoch"))
+    plan_end = round(logged["step"] / logged["epoch"] * epochs)
+    key = _select_key(run)
+    scores = [line[key] for line in lines if key in line and line["step"] <= plan_end]
+    return max(scores) if scores else None
 
 
 def encoder_scores(runs: Path, name: str) -> dict[str, float]:
@@ -41,6 +66,12 @@ def table(out: Path) -> str:
     names = {p.name.rsplit("-", 1)[0] for p in runs.iterdir() if p.is_dir()}
     variants = sorted(names, key=lambda v: (v != "defaults", v))
     scores = {v: {s: best_validation(runs / f"{v}-{s}") for s in SETS} for v in variants}
+    derived = {s for s in SETS if scores.get("no_extension", {}).get(s) is None}
+    within_plan = {s: best_within_plan(runs / f"defaults-{s}") for s in derived}
+    if any(score is not None for score in within_plan.values()):
+        if "no_extension" not in variants:
+            variants.append("no_extension")
+        scores.setdefault("no_extension", {s: None for s in SETS}).update(within_plan)
     rows = [
         "| variant | " + " | ".join(SETS) + " | mean (sets done) | change vs defaults (min..max) |",
         "|---" * 8 + "|",
@@ -52,7 +83,8 @@ def table(out: Path) -> str:
         changes = [100 * (cells[s] - base[s]) for s in SETS if cells[s] is not None and base.get(s) is not None]
         change = f"{min(changes):+.1f}..{max(changes):+.1f}" if changes and variant != "defaults" else ""
         mean = f"{sum(done) / len(done):.4f} ({len(done)})" if done else "-"
-        shown = [f"{cells[s]:.4f}" if cells[s] is not None else "-" for s in SETS]
+        mark = {s: "*" if variant == "no_extension" and s in derived else "" for s in SETS}
+        shown = [f"{cells[s]:.4f}{mark[s]}" if cells[s] is not None else "-" for s in SETS]
         rows.append(f"| {variant} | " + " | ".join(shown) + f" | {mean} | {change} |")
     encoders = {s: encoder_scores(runs, s) for s in SETS}
     for name in sorted({name for found in encoders.values() for name in found}):
