@@ -1,6 +1,7 @@
 """`loracls distill`: the student's loss, the teacher's score cache, the unlabeled texts, the whole job on a tiny
 finished run (export read back, verdict row, predict and serve side by side) and its refusals."""
 
+import copy
 import json
 import os
 import shutil
@@ -11,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from conftest import TINY_ENCODER
 from loracls import runs
-from loracls.baselines.student import StudentFit, Teaching
+from loracls.baselines.student import StudentFit, Teaching, keep_layers, layers_kept
 from loracls.cli import main
 from loracls.config_reader import from_dict
 from loracls.data.spec import DataSpec
@@ -205,6 +206,37 @@ def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
     assert [row.name for row in runs.read_metrics(run).verdict.rows].count("student") == 1  # replaced, not added
 
 
+def test_a_student_keeps_its_encoders_layers_spread_evenly_and_reloads_as_the_smaller_model(tmp_path):
+    assert [layers_kept(6, n) for n in (1, 2, 3, 6)] == [[0], [0, 3], [0, 2, 4], [0, 1, 2, 3, 4, 5]]
+    assert layers_kept(12, 6) == [0, 2, 4, 6, 8, 10]  # DistilBERT's one layer of two
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32)
+    whole = BertForSequenceClassification(config).eval()
+    student = copy.deepcopy(whole)
+    assert keep_layers(student, 2) == [0, 2]
+    for mine, theirs in zip(student.bert.encoder.layer, [whole.bert.encoder.layer[0], whole.bert.encoder.layer[2]]):
+        assert all(torch.equal(a, b) for a, b in zip(mine.state_dict().values(), theirs.state_dict().values()))
+    student.save_pretrained(tmp_path / "student")
+    reloaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "student")).eval()
+    ids = torch.tensor([[1, 5, 9, 2]])
+    assert reloaded.config.num_hidden_layers == 2 and len(reloaded.bert.encoder.layer) == 2
+    assert torch.allclose(reloaded(input_ids=ids).logits, student(input_ids=ids).logits, atol=1e-6)
+    assert not torch.allclose(reloaded(input_ids=ids).logits, whole(input_ids=ids).logits, atol=1e-6)
+
+
+def test_distill_into_fewer_layers_exports_the_smaller_student(distilled, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(distilled[0], run)
+    student = ["--student", str(TINY_ENCODER[0]), "--student-layers", "1"]
+    assert main(["distill", str(run), *student, "--weights", "1"]) == 0
+    record = runs.read_student(run)
+    assert record.layers == [0] and record.export.predictions_equal
+    assert AutoModelForSequenceClassification.from_pretrained(str(run / runs.STUDENT)).config.num_hidden_layers == 1
+    whole = runs.read_student(distilled[0])
+    assert record.parameters < whole.parameters and whole.layers is None
+    row = next(row for row in runs.read_metrics(run).verdict.rows if row.name == "student")
+    assert "(layers 0)" in row.detail
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -218,6 +250,8 @@ def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
         (["--weights", "one"], "--weights"),
         (["--learning-rate", "-1"], "learning rate"),
         (["--student", "{tmp}/not_an_encoder"], "not_an_encoder"),
+        (["--student-layers", "3"], "--student-layers must be between 1 and the encoder's 2"),
+        (["--student-layers", "0"], "--student-layers"),
     ],
 )
 def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path, capsys, args, message):

@@ -246,6 +246,7 @@ def cmd_distill(args) -> None:
 
     options = DistillOptions(
         student=args.student,
+        student_layers=args.student_layers,
         unlabeled=args.unlabeled,
         max_unlabeled=args.max_unlabeled,
         weights=tuple(_numbers(args.weights, "--weights")),

@@ -118,6 +118,7 @@ def _run_commands(sub) -> None:
     p = sub.add_parser("distill", help="teach a small encoder the run's probabilities; it joins the run's verdict")
     p.add_argument("run")
     p.add_argument("--student", default="minilm", help="minilm (default), mpnet-base, or an HF encoder directory")
+    p.add_argument("--student-layers", type=_positive, help="keep N of the student's layers (spread evenly): cheaper")
     p.add_argument("--unlabeled", metavar="FILE", help="texts the teacher labels too (CSV/JSONL/Parquet/TXT)")
     p.add_argument("--max-unlabeled", type=int, default=10_000, help="at most N unlabeled texts (a seeded draw)")
     p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")

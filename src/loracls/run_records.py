@@ -247,3 +247,4 @@ class StudentRecord(EncoderRecord):
     agreement_with_teacher: float | None = None  # share of test texts where the two choose the same labels
     export: ExportCheck | None = None  # the exported student read back as a user reads it
     weights: dict[str, float] = field(default_factory=dict)  # teacher weight -> best validation score
+    layers: list[int] | None = None  # the encoder's layers the student was started from (--student-layers); None: all

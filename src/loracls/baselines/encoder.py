@@ -51,6 +51,11 @@ def check_encoder(spec: str, log: Log = print) -> None:
     _tokenizer(spec, resolve_encoder_dir(spec, log))
 
 
+def encoder_layer_count(spec: str, log: Log = print) -> int:
+    """How many layers the encoder has (its config's num_hidden_layers)."""
+    return int(AutoConfig.from_pretrained(str(resolve_encoder_dir(spec, log))).num_hidden_layers)
+
+
 def _load(spec: str, dataset: Dataset, log):
     directory = resolve_encoder_dir(spec, log)
     tokenizer, labels = _tokenizer(spec, directory), dataset.id2label

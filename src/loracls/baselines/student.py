@@ -8,6 +8,10 @@ cross-entropy to the soft targets, which is the KL divergence to the teacher plu
 constant; multi_label: BCE to each label's probability) plus (1 - `weight`) x the problem's loss against the
 gold labels of the batch's labelled texts (Hinton et al. 2015; DistilBERT). The teacher's probabilities are
 already calibrated (its fitted temperature), so no further temperature is applied.
+
+A student can be made cheaper than its encoder by keeping some of its layers (`layers`): DistilBERT's
+initialisation (Sanh et al. 2019: one layer of two), the kept layers spread evenly from the first, the config's
+layer count changed with them so the exported student reloads as the smaller model.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import torch
 
 from loracls.baselines.encoder import EncoderFit, Fitted, encoder_record, fit_best
 from loracls.data.splits import Dataset
-from loracls.errors import Log
+from loracls.errors import Log, LoraclsError
 from loracls.runs import EncoderRecord, StudentRecord
 
-__all__ = ["Teaching", "StudentFit", "StudentSpec", "run_student"]
+__all__ = ["Teaching", "StudentFit", "StudentSpec", "run_student", "keep_layers", "layers_kept"]
 
 
 @dataclass(frozen=True)
@@ -45,13 +49,16 @@ class Teaching:
 class StudentFit(EncoderFit):
     """An EncoderFit whose training texts and loss are the teaching's (see the module's loss)."""
 
-    def __init__(self, dataset: Dataset, config, runtime, log, spec: str, teaching: Teaching):
+    def __init__(self, dataset: Dataset, config, runtime, log, spec: str, teaching: Teaching, layers: int | None = None):
         self.teaching, self.weight = teaching, teaching.weight
         super().__init__(dataset, config, runtime, log, spec)
+        self.layers = None if layers is None else keep_layers(self.model, layers)
 
     @property
     def label(self) -> str:
-        return f"student {self.name} (teacher weight {self.weight:g})"
+        kept = getattr(self, "layers", None)
+        layers = f", layers {','.join(map(str, kept))}" if kept else ""
+        return f"student {self.name} (teacher weight {self.weight:g}{layers})"
 
     def texts(self, split: str) -> list[str]:
         return self.teaching.texts if split == "train" else super().texts(split)
@@ -76,6 +83,31 @@ class StudentSpec:
     model: str
     weights: tuple[float, ...]
     learning_rate: float
+    layers: int | None = None  # the encoder's layers the student keeps (spread evenly); None: all
+
+
+def _encoder_layers(model) -> torch.nn.ModuleList:
+    """The encoder's stack of layers (BERT, RoBERTa, MPNet, DeBERTa: `encoder.layer` of the base model)."""
+    stack = getattr(getattr(model.base_model, "encoder", None), "layer", None)
+    if not isinstance(stack, torch.nn.ModuleList) or len(stack) != model.config.num_hidden_layers:
+        raise LoraclsError(f"distill: {type(model).__name__} has no encoder.layer stack to keep layers of")
+    return stack
+
+
+def layers_kept(total: int, count: int) -> list[int]:
+    """Which of `total` layers a student of `count` keeps: spread evenly from the first (6 -> 3: 0, 2, 4)."""
+    if not 1 <= count <= total:
+        raise LoraclsError(f"distill: --student-layers must be between 1 and the encoder's {total}, got {count}")
+    return [i * total // count for i in range(count)]
+
+
+def keep_layers(model, count: int) -> list[int]:
+    """Keep `count` of the model's encoder layers (layers_kept), in place; returns the indices kept."""
+    stack = _encoder_layers(model)
+    kept = layers_kept(len(stack), count)
+    model.base_model.encoder.layer = torch.nn.ModuleList(stack[i] for i in kept)
+    model.config.num_hidden_layers = count
+    return kept
 
 
 def run_student(
@@ -84,7 +116,7 @@ def run_student(
     """Train the student once per teacher weight, from the same seed; keep the best on validation (gold
     labels), calibrate it on validation and score it on the test split."""
     spec, weights, rate = student.model, student.weights, student.learning_rate
-    make = functools.partial(StudentFit, dataset, config, runtime, log, spec)
+    make = functools.partial(StudentFit, dataset, config, runtime, log, spec, layers=student.layers)
     fitted = fit_best([(functools.partial(make, replace(teaching, weight=w)), rate) for w in weights], config.seed)
     base = encoder_record(fitted, spec, config)
     scores = {f"{weight:g}": trained.score for weight, trained in zip(weights, fitted.tries)}
@@ -94,6 +126,7 @@ def run_student(
         training_texts=len(teaching.texts) - teaching.unlabeled,
         unlabeled_texts=teaching.unlabeled,
         weights=scores,
+        layers=fitted.fit.layers,
     )
     record.learning_rates = {f"{rate:g}": fitted.chosen.score}
     return record, fitted

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.baselines.encoder import check_encoder
-from loracls.baselines.student import StudentSpec, Teaching, run_student
+from loracls.baselines.encoder import check_encoder, encoder_layer_count
+from loracls.baselines.student import StudentSpec, Teaching, layers_kept, run_student
 from loracls.config import Config
 from loracls.data.spec import DataSpec
 from loracls.data.splits import Dataset, left_out_texts, load_dataset
@@ -62,6 +62,7 @@ class DistillOptions:
     """What `loracls distill` is asked for (the command line's flags)."""
 
     student: str = "minilm"  # minilm | mpnet-base | an HF encoder directory
+    student_layers: int | None = None  # keep this many of the student's layers, spread evenly; None: all
     unlabeled: str | None = None  # a file of texts (the run's text column); None: the data's left-out texts
     max_unlabeled: int | None = 10_000  # at most this many unlabeled texts, drawn with the run's seed
     weights: tuple[float, ...] = (0.5, 1.0)  # the teacher's share of the loss, each tried, the best kept
@@ -86,7 +87,7 @@ def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log 
     with contextlib.ExitStack() as held:
         job = _prepare(run_path, options, log, held)
         teaching = _teach(job)
-        spec = StudentSpec(options.student, options.weights, _learning_rate(job))
+        spec = StudentSpec(options.student, options.weights, _learning_rate(job), options.student_layers)
         record, fitted = run_student(job.dataset, job.config, job.runtime, spec, teaching, log)
         record.export = _export(job, fitted)
         _test_beside_teacher(job, record, fitted)
@@ -113,10 +114,13 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     data = DataSpec.of(config)
     dataset = load_dataset(data)
     check_encoder(options.student, log)
+    if options.student_layers is not None:
+        layers_kept(encoder_layer_count(options.student, log), options.student_layers)
     unlabeled = _at_most(_unlabeled(options.unlabeled, data, dataset, log), options.max_unlabeled, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
-    log(f"distill: teacher {teacher.source}; student {options.student}")
+    layers = f" ({options.student_layers} of its layers)" if options.student_layers else ""
+    log(f"distill: teacher {teacher.source}; student {options.student}{layers}")
     return DistillJob(run, config, dataset, unlabeled, teacher, runtime, options, log)
 
 
@@ -303,9 +307,10 @@ def student_row(record: StudentRecord, teacher: LadderRow | None = None) -> Ladd
     if record.teacher_texts_per_second:
         ratio = record.texts_per_second / record.teacher_texts_per_second
         speed = f", {ratio:.1f}x the teacher's texts/s side by side ({record.texts_per_second:.0f} texts/s there)"
+    layers = f" (layers {','.join(map(str, record.layers))})" if record.layers else ""
     detail = (
-        f"{record.model} distilled from LoRA (teacher weight {record.teacher_weight:g}, {record.unlabeled_texts} "
-        f"unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
+        f"{record.model}{layers} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
+        f"{record.unlabeled_texts} unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
     )
     row = encoder_row(record, STUDENT_ROW, detail)
     if ratio is not None and teacher is not None and teacher.texts_per_second:
