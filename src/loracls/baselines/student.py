@@ -49,7 +49,9 @@ class Teaching:
 class StudentFit(EncoderFit):
     """An EncoderFit whose training texts and loss are the teaching's (see the module's loss)."""
 
-    def __init__(self, dataset: Dataset, config, runtime, log, spec: str, teaching: Teaching, layers: int | None = None):
+    def __init__(
+        self, dataset: Dataset, config, runtime, log, spec: str, teaching: Teaching, layers: int | None = None
+    ):
         self.teaching, self.weight = teaching, teaching.weight
         super().__init__(dataset, config, runtime, log, spec)
         self.layers = None if layers is None else keep_layers(self.model, layers)
