@@ -232,10 +232,14 @@ def _test_beside_teacher(job: DistillJob, record: StudentRecord, fitted) -> None
     record.agreement_with_teacher = float(same.mean())
     ratio = record.texts_per_second / max(record.teacher_texts_per_second, 1e-9)
     job.log(
-        f"distill: student {record.model} (teacher weight {record.teacher_weight:g}): test "
+        f"distill: student {record.model}{_layers_said(record)} (teacher weight {record.teacher_weight:g}): test "
         f"{kind.accuracy_name} {record.test.accuracy:.4f}, macro F1 {record.test.macro_f1:.4f}; agrees with the "
         f"teacher on {100 * record.agreement_with_teacher:.1f}% of test texts; {ratio:.1f}x the teacher's texts/s"
     )
+
+
+def _layers_said(record: StudentRecord) -> str:
+    return f" (layers {','.join(map(str, record.layers))})" if record.layers else ""
 
 
 def _timed(engine: Engine, texts: list[str]) -> tuple[np.ndarray, float]:
@@ -307,9 +311,8 @@ def student_row(record: StudentRecord, teacher: LadderRow | None = None) -> Ladd
     if record.teacher_texts_per_second:
         ratio = record.texts_per_second / record.teacher_texts_per_second
         speed = f", {ratio:.1f}x the teacher's texts/s side by side ({record.texts_per_second:.0f} texts/s there)"
-    layers = f" (layers {','.join(map(str, record.layers))})" if record.layers else ""
     detail = (
-        f"{record.model}{layers} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
+        f"{record.model}{_layers_said(record)} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
         f"{record.unlabeled_texts} unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
     )
     row = encoder_row(record, STUDENT_ROW, detail)
