@@ -250,7 +250,7 @@ def test_distill_into_fewer_layers_exports_the_smaller_student(distilled, tmp_pa
         (["--weights", "one"], "--weights"),
         (["--learning-rate", "-1"], "learning rate"),
         (["--student", "{tmp}/not_an_encoder"], "not_an_encoder"),
-        (["--student-layers", "3"], "--student-layers must be between 1 and the encoder's 2"),
+        (["--student", "{tiny}", "--student-layers", "3"], "--student-layers must be between 1 and the encoder's 2"),
         (["--student-layers", "0"], "--student-layers"),
     ],
 )
@@ -264,7 +264,13 @@ def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 cut short")
     before = (run / runs.METRICS).read_text()
     capsys.readouterr()
-    code = main(["distill", str(run), *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    code = main(
+        [
+            "distill",
+            str(run),
+            *[a.replace("{tmp}", str(tmp_path)).replace("{tiny}", str(TINY_ENCODER[0])) for a in args],
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("loracls: ") and message in err[0], err
     assert not (run / runs.STUDENT).exists() and not (run / runs.STUDENT_RECORD).exists()
