@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 SETS = ["rt", "chinese", "tweets", "imbalanced", "emotions"]
 
 
@@ -22,14 +24,13 @@ def best_validation(run: Path) -> float | None:
     if not metrics_path.is_file():
         return None
     validation = json.loads(metrics_path.read_text())["validation"]
-    key = _select_key(run)
+    key = _select_key(validation)
     lines = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     at_best = [line for line in lines if line.get("step") == validation["best_step"] and key in line]
     return at_best[-1][key] if at_best else None
 
 
-def _select_key(run: Path) -> str:
-    validation = json.loads((run / "metrics.json").read_text())["validation"]
+def _select_key(validation: dict) -> str:
     return "validation_macro_f1" if validation.get("select_by") == "macro_f1" else "validation_accuracy"
 
 
@@ -39,12 +40,10 @@ def best_within_plan(run: Path) -> float | None:
     if not (run / "metrics.json").is_file():
         return None
     lines = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-    epochs = next(
-        int(line.split(":")[1]) for line in (run / "config.yaml").read_text().splitlines() if line.startswith("epochs:")
-    )
+    epochs = yaml.safe_load((run / "config.yaml").read_text())["epochs"]
     logged = next(line for line in lines if line.get("epoch"))
     plan_end = round(logged["step"] / logged["epoch"] * epochs)
-    key = _select_key(run)
+    key = _select_key(json.loads((run / "metrics.json").read_text())["validation"])
     scores = [line[key] for line in lines if key in line and line["step"] <= plan_end]
     return max(scores) if scores else None
 

@@ -46,14 +46,12 @@ def _tokenizer(spec: str, directory) -> AutoTokenizer:
     return tokenizer
 
 
-def check_encoder(spec: str, log: Log = print) -> None:
-    """Refuse an encoder that cannot be loaded (its config and tokenizer) before a run directory is made."""
-    _tokenizer(spec, resolve_encoder_dir(spec, log))
-
-
-def encoder_layer_count(spec: str, log: Log = print) -> int:
-    """How many layers the encoder has (its config's num_hidden_layers)."""
-    return int(AutoConfig.from_pretrained(str(resolve_encoder_dir(spec, log))).num_hidden_layers)
+def check_encoder(spec: str, log: Log = print):
+    """Refuse an encoder that cannot be loaded (its config and tokenizer) before a run directory is made;
+    returns its config (distill checks --student-layers against its layer count)."""
+    directory = resolve_encoder_dir(spec, log)
+    _tokenizer(spec, directory)
+    return AutoConfig.from_pretrained(str(directory))
 
 
 def _load(spec: str, dataset: Dataset, log):

@@ -58,8 +58,7 @@ class StudentFit(EncoderFit):
 
     @property
     def label(self) -> str:
-        kept = getattr(self, "layers", None)
-        layers = f", layers {','.join(map(str, kept))}" if kept else ""
+        layers = f", layers {','.join(map(str, self.layers))}" if self.layers else ""
         return f"student {self.name} (teacher weight {self.weight:g}{layers})"
 
     def texts(self, split: str) -> list[str]:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from loracls import files, runs
-from loracls.baselines.encoder import check_encoder, encoder_layer_count
+from loracls.baselines.encoder import check_encoder
 from loracls.baselines.student import StudentSpec, Teaching, layers_kept, run_student
 from loracls.config import Config
 from loracls.data.spec import DataSpec
@@ -113,9 +113,9 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     config = runs.read_config(run)
     data = DataSpec.of(config)
     dataset = load_dataset(data)
-    check_encoder(options.student, log)
+    student_config = check_encoder(options.student, log)
     if options.student_layers is not None:
-        layers_kept(encoder_layer_count(options.student, log), options.student_layers)
+        layers_kept(student_config.num_hidden_layers, options.student_layers)
     unlabeled = _at_most(_unlabeled(options.unlabeled, data, dataset, log), options.max_unlabeled, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
