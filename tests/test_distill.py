@@ -16,13 +16,13 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from conftest import TINY_ENCODER
 from loracls import runs
-from loracls.baselines.student import StudentFit, Teaching, keep_layers, layers_kept
+from loracls.baselines.student import StudentFit, StudentSpec, Teaching, keep_layers, layers_kept
 from loracls.cli import main
 from loracls.config_reader import from_dict
 from loracls.data.spec import DataSpec
 from loracls.data.splits import left_out_texts, load_dataset
 from loracls.hardware import Runtime
-from loracls.jobs.distill import TEACHER_CHUNK, _unlabeled, teacher_probabilities
+from loracls.jobs.distill import TEACHER_CHUNK, _unlabeled, _unlabeled_file, teacher_probabilities
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
 
@@ -33,7 +33,8 @@ def _config(data, **extra):
 
 
 def _fit(config, teaching):
-    return StudentFit(load_dataset(DataSpec.of(config)), config, CPU, lambda *_: None, str(TINY_ENCODER[0]), teaching)
+    student = StudentSpec(str(TINY_ENCODER[0]), (teaching.weight,), 1e-3)
+    return StudentFit(load_dataset(DataSpec.of(config)), config, CPU, lambda *_: None, student, teaching)
 
 
 @pytest.mark.parametrize("problem", ["single_label", "multi_label"])
@@ -110,12 +111,15 @@ def test_the_teacher_scores_are_cached_by_text_and_a_killed_call_continues(tmp_p
 
 
 def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_csv, tmp_path):
+    def quiet(*_):
+        pass
+
     spec = DataSpec.of(_config(data_csv))
     dataset = load_dataset(spec)
     left = left_out_texts(spec, dataset)
     in_splits = set(dataset.train.texts) | set(dataset.validation.texts) | set(dataset.test.texts)
     assert left and not set(left) & in_splits and len(left) == len(set(left))
-    assert _unlabeled(None, spec, dataset, lambda *_: None) == left
+    assert _unlabeled_file(None, spec) is None and _unlabeled(None, spec, dataset, quiet) == left
     test_text = dataset.test.texts[0]  # a split's text is not taught: the student would see its test answer
     fresh = ["a new text", "another new text", "a new text"]
     files = {
@@ -125,9 +129,9 @@ def test_unlabeled_texts_come_from_a_file_or_from_what_the_splits_left_out(data_
     }
     for name, content in files.items():
         (tmp_path / name).write_text(content)
-        assert _unlabeled(str(tmp_path / name), spec, dataset, lambda *_: None) == fresh[:2], name
+        assert _unlabeled(_unlabeled_file(str(tmp_path / name), spec), spec, dataset, quiet) == fresh[:2], name
     pd.DataFrame({"text": [*fresh, test_text], "other": 1}).to_parquet(tmp_path / "u.parquet")
-    assert _unlabeled(str(tmp_path / "u.parquet"), spec, dataset, lambda *_: None) == fresh[:2]
+    assert _unlabeled(_unlabeled_file(str(tmp_path / "u.parquet"), spec), spec, dataset, quiet) == fresh[:2]
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +241,20 @@ def test_distill_into_fewer_layers_exports_the_smaller_student(distilled, tmp_pa
     assert "(layers 0)" in row.detail
 
 
+def _placed(arg: str, tmp_path) -> str:
+    tiny, distilbert = str(TINY_ENCODER[0]), str(tmp_path / "distilbert")
+    return arg.replace("{tmp}", str(tmp_path)).replace("{tiny}", tiny).replace("{distilbert}", distilbert)
+
+
+def _write_tiny_distilbert(directory):
+    """An encoder whose layers sit under `transformer.layer` (DistilBERT), not `encoder.layer`."""
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+
+    config = DistilBertConfig(vocab_size=1000, dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+    DistilBertModel(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(str(TINY_ENCODER[0])).save_pretrained(directory)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -252,6 +270,7 @@ def test_distill_into_fewer_layers_exports_the_smaller_student(distilled, tmp_pa
         (["--student", "{tmp}/not_an_encoder"], "not_an_encoder"),
         (["--student", "{tiny}", "--student-layers", "3"], "--student-layers must be between 1 and the encoder's 2"),
         (["--student-layers", "0"], "--student-layers"),
+        (["--student", "{distilbert}", "--student-layers", "1"], "no encoder.layer stack"),
     ],
 )
 def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path, capsys, args, message):
@@ -262,13 +281,14 @@ def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path
     (tmp_path / "not_an_encoder").mkdir()
     (tmp_path / "texts.xlsx").write_bytes(b"PK\x03\x04 not read")
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 cut short")
+    _write_tiny_distilbert(tmp_path / "distilbert")
     before = (run / runs.METRICS).read_text()
     capsys.readouterr()
     code = main(
         [
             "distill",
             str(run),
-            *[a.replace("{tmp}", str(tmp_path)).replace("{tiny}", str(TINY_ENCODER[0])) for a in args],
+            *[_placed(a, tmp_path) for a in args],
         ]
     )
     err = capsys.readouterr().err.strip().splitlines()

@@ -21,13 +21,14 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
+from transformers import AutoModelForSequenceClassification
 
 from loracls.baselines.encoder import EncoderFit, Fitted, encoder_record, fit_best
 from loracls.data.splits import Dataset
 from loracls.errors import Log, LoraclsError
 from loracls.runs import EncoderRecord, StudentRecord
 
-__all__ = ["Teaching", "StudentFit", "StudentSpec", "run_student", "keep_layers", "layers_kept"]
+__all__ = ["Teaching", "StudentFit", "StudentSpec", "run_student", "check_layers", "keep_layers", "layers_kept"]
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,10 @@ class Teaching:
 class StudentFit(EncoderFit):
     """An EncoderFit whose training texts and loss are the teaching's (see the module's loss)."""
 
-    def __init__(
-        self, dataset: Dataset, config, runtime, log, spec: str, teaching: Teaching, layers: int | None = None
-    ):
+    def __init__(self, dataset: Dataset, config, runtime, log, student: StudentSpec, teaching: Teaching):
         self.teaching, self.weight = teaching, teaching.weight
-        super().__init__(dataset, config, runtime, log, spec)
-        self.layers = None if layers is None else keep_layers(self.model, layers)
+        super().__init__(dataset, config, runtime, log, student.model)
+        self.layers = None if student.layers is None else keep_layers(self.model, student.layers)
 
     @property
     def label(self) -> str:
@@ -102,6 +101,14 @@ def layers_kept(total: int, count: int) -> list[int]:
     return [i * total // count for i in range(count)]
 
 
+def check_layers(encoder_config, count: int) -> list[int]:
+    """Refuse a layer count the encoder cannot keep before anything is written: the model is built from its
+    config on the meta device (no weights, no memory) to find its stack of layers."""
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(encoder_config)
+    return layers_kept(len(_encoder_layers(model)), count)
+
+
 def keep_layers(model, count: int) -> list[int]:
     """Keep `count` of the model's encoder layers (layers_kept), in place; returns the indices kept."""
     stack = _encoder_layers(model)
@@ -117,7 +124,7 @@ def run_student(
     """Train the student once per teacher weight, from the same seed; keep the best on validation (gold
     labels), calibrate it on validation and score it on the test split."""
     spec, weights, rate = student.model, student.weights, student.learning_rate
-    make = functools.partial(StudentFit, dataset, config, runtime, log, spec, layers=student.layers)
+    make = functools.partial(StudentFit, dataset, config, runtime, log, student)
     fitted = fit_best([(functools.partial(make, replace(teaching, weight=w)), rate) for w in weights], config.seed)
     base = encoder_record(fitted, spec, config)
     scores = {f"{weight:g}": trained.score for weight, trained in zip(weights, fitted.tries)}

@@ -33,7 +33,7 @@ import torch
 
 from loracls import files, runs
 from loracls.baselines.encoder import check_encoder
-from loracls.baselines.student import StudentSpec, Teaching, layers_kept, run_student
+from loracls.baselines.student import StudentSpec, Teaching, check_layers, run_student
 from loracls.config import Config
 from loracls.data.spec import DataSpec
 from loracls.data.splits import Dataset, left_out_texts, load_dataset
@@ -113,10 +113,11 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     config = runs.read_config(run)
     data = DataSpec.of(config)
     dataset = load_dataset(data)
+    source = _unlabeled_file(options.unlabeled, data)
     student_config = check_encoder(options.student, log)
     if options.student_layers is not None:
-        layers_kept(student_config.num_hidden_layers, options.student_layers)
-    unlabeled = _at_most(_unlabeled(options.unlabeled, data, dataset, log), options.max_unlabeled, config.seed, log)
+        check_layers(student_config, options.student_layers)
+    unlabeled = _at_most(_unlabeled(source, data, dataset, log), options.max_unlabeled, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
     layers = f" ({options.student_layers} of its layers)" if options.student_layers else ""
@@ -124,19 +125,27 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     return DistillJob(run, config, dataset, unlabeled, teacher, runtime, options, log)
 
 
-def _unlabeled(file: str | None, data: DataSpec, dataset: Dataset, log: Log) -> list[str]:
+def _unlabeled_file(file: str | None, data: DataSpec) -> TextColumn | None:
+    """The user's file of unlabeled texts, checked whole (None: the data file's left-out texts)."""
+    if file is None:
+        return None
+    source = TextColumn(file, data.text_column)
+    check_texts(source, CHUNK_ROWS)
+    return source
+
+
+def _unlabeled(source: TextColumn | None, data: DataSpec, dataset: Dataset, log: Log) -> list[str]:
     """The unlabeled texts, without the splits' own texts (a test text taught by the teacher would be scored
     against its own answer) and without repeats."""
-    if file is None:
+    if source is None:
         texts = left_out_texts(data, dataset)
         log(f"distill: {len(texts)} texts of {data.data} left out of the splits, scored by the teacher")
         return texts
-    source = TextColumn(file, data.text_column)
-    check_texts(source, CHUNK_ROWS)
     read = [text for chunk in text_chunks(source, CHUNK_ROWS) for text in chunk]
     splits = dataset.texts()
     texts = [text for text in dict.fromkeys(read) if text not in splits]
-    log(f"distill: {len(texts)} unlabeled texts from {file} ({len(read) - len(texts)} repeats or split texts left out)")
+    dropped = len(read) - len(texts)
+    log(f"distill: {len(texts)} unlabeled texts from {source.file} ({dropped} repeats or split texts left out)")
     return texts
 
 
