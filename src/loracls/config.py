@@ -95,10 +95,14 @@ class Config:
     )
     # --- LoRA (PEFT's names) ---
     r: int = _help(8, "LoRA rank (the adapter matrices' inner size)", ge=1)
-    lora_alpha: float = _help(16.0, "LoRA scaling (alpha / r multiplies the update)", gt=0.0)
+    lora_alpha: float = _help(
+        16.0, "LoRA scaling: alpha / sqrt(r) multiplies the update (rslora), alpha / r with lora_variant: lora", gt=0.0
+    )
     lora_dropout: float = _help(0.05, "dropout on LoRA's input", ge=0.0, le=0.999)
     lora_variant: Literal["lora", "rslora", "dora"] = _help(
-        "lora", "PEFT's variants: rslora (alpha / sqrt(r) scaling), dora (weight-decomposed LoRA)"
+        "rslora",
+        "PEFT's variants: rslora (alpha / sqrt(r) scaling; chosen on validation over 5 sets, docs/benchmarks.md), "
+        "lora (alpha / r), dora (weight-decomposed LoRA)",
     )
     target_modules: list[str] | None = _help(
         None,
