@@ -29,5 +29,6 @@ def test_a_run_writes_cards_the_hub_parses(trained_runs):
         assert accuracy.metric_value == round(metrics.test.accuracy, 4) and accuracy.dataset_split == "test"
         assert metrics.verdict.reason in card.text and "neg, pos" in card.text
         assert f"train {metrics.data['train']['neg'] + metrics.data['train']['pos']}" in card.text
-    assert "PeftModel.from_pretrained" in (run / runs.ADAPTER / "README.md").read_text()
+    adapter_card = (run / runs.ADAPTER / "README.md").read_text()
+    assert "PeftModel.from_pretrained" in adapter_card and "a LoRA adapter (rsLoRA, r 4)" in adapter_card
     assert 'pipeline("text-classification"' in (run / runs.MERGED / "README.md").read_text()
