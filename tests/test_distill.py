@@ -284,13 +284,7 @@ def test_bad_distill_input_is_one_line_and_writes_nothing(trained_runs, tmp_path
     _write_tiny_distilbert(tmp_path / "distilbert")
     before = (run / runs.METRICS).read_text()
     capsys.readouterr()
-    code = main(
-        [
-            "distill",
-            str(run),
-            *[_placed(a, tmp_path) for a in args],
-        ]
-    )
+    code = main(["distill", str(run), *[_placed(a, tmp_path) for a in args]])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("loracls: ") and message in err[0], err
     assert not (run / runs.STUDENT).exists() and not (run / runs.STUDENT_RECORD).exists()

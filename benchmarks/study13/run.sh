@@ -62,8 +62,12 @@ variant_config() {  # what the variant changes
     rslora_r16_all_linear) printf 'baseline: false\nlora_variant: rslora\nr: 16\n%s\n' "$all_linear" ;;
   esac
 }
-plain_lora() {  # the study's variants are changes to plain LoRA (its defaults when it ran; rslora since)
-  case "$1" in rslora*|dora|enc_*) ;; *) echo "lora_variant: lora" ;; esac
+variant_keys() {  # a variant's keys; one that names no lora_variant is a change to plain LoRA (the defaults
+  # when the study ran; rslora since)
+  local keys
+  keys="$(variant_config "$1")"
+  echo "$keys"
+  [[ "$keys" == *lora_variant:* ]] || echo "lora_variant: lora"
 }
 mkdir -p "$out/configs" "$out/runs" "$out/logs"
 keep() {  # a finished run's small files into benchmarks/study13/results/
@@ -100,8 +104,7 @@ for pair in "${pairs[@]}"; do
     kept="$here/results"
     [ -f "$kept/runs/$name/metrics.json" ] || [ -f "$kept/runs/$name.json" ] && continue
     config="$out/configs/$name.yaml"
-    { echo "$common"; set_config "$set"; variant_config "$variant"; plain_lora "$variant"; echo "run_name: $name"; } \
-      > "$config"
+    { echo "$common"; set_config "$set"; variant_keys "$variant"; echo "run_name: $name"; } > "$config"
     echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
     if [[ "$variant" = enc_* ]]; then
       OMP_NUM_THREADS=1 python3 -m loracls baseline "$config" > "$out/runs/$name.json.part" 2>> "$out/logs/$name.log" \

@@ -2,9 +2,10 @@
 F1 for imbalanced and emotions), the encoders' best validation scores beside, and the mean and spread of each
 variant's change against `defaults`. Validation only: the test split is not read here.
 `no_extension` needs no run of its own: extend_epochs only adds epochs after the planned ones, so up to the plan's
-last step a run without it is the `defaults` run step for step (same seed, same batches; to be checked by one real
-no_extension run on emotions). Its cell, where no real run exists, is the best validation score of the `defaults`
-run's log up to the plan's last step, marked `*`.
+last step a run without it is the `defaults` run step for step (same seed, same batches; within the rerun noise:
+the real no_extension run on emotions, made in a later session, differs by up to 0.7 points a step). Its cell,
+where no real run exists, is the best validation score of the `defaults` run's log up to the plan's last step,
+marked `*`.
 Usage: python3 benchmarks/study13/summarize.py OUT   (writes OUT/results.md and prints it)"""
 
 from __future__ import annotations
