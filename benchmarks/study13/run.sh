@@ -15,6 +15,8 @@
 # it in one process.
 # STUDY_ORDER=set runs every given variant on one set before the next set (pairs of variants compared sooner);
 # STUDY_SETS="chinese tweets" runs only those sets, in that order.
+# REBUILD=1 runs again a run whose small files are kept but whose folder is not in OUT (the distill benchmark
+# needs the teacher itself); the kept files are left as they were (the rerun's stay in OUT).
 # Every finished run's small files (metrics.json, train_log.jsonl, config.yaml; an encoders run's JSON and log)
 # are copied to benchmarks/study13/results/ (committed: the study outlives the machine), and a run found there is
 # not run again. The table: python3 benchmarks/study13/summarize.py benchmarks/study13/results
@@ -102,7 +104,11 @@ for pair in "${pairs[@]}"; do
     name="$variant-$set"
     run="$out/runs/$name"
     kept="$here/results"
-    [ -f "$kept/runs/$name/metrics.json" ] || [ -f "$kept/runs/$name.json" ] && continue
+    if [ -n "${REBUILD:-}" ]; then
+      [ -f "$run/metrics.json" ] || [ -f "$out/runs/$name.json" ] && continue
+    else
+      [ -f "$kept/runs/$name/metrics.json" ] || [ -f "$kept/runs/$name.json" ] && continue
+    fi
     config="$out/configs/$name.yaml"
     { echo "$common"; set_config "$set"; variant_keys "$variant"; echo "run_name: $name"; } > "$config"
     echo "$(date -u +%FT%TZ) $name" >> "$out/logs/progress.txt"
@@ -114,5 +120,5 @@ for pair in "${pairs[@]}"; do
     else
       OMP_NUM_THREADS=1 python3 -m loracls train "$config" >> "$out/logs/$name.log" 2>&1 || echo "failed: $name" >> "$out/logs/progress.txt"
     fi
-    keep "$name"
+    [ -n "${REBUILD:-}" ] || keep "$name"
 done
