@@ -210,6 +210,22 @@ def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
     assert [row.name for row in runs.read_metrics(run).verdict.rows].count("student") == 1  # replaced, not added
 
 
+def test_augmented_variants_of_the_training_texts_are_taught_and_counted(distilled, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(distilled[0], run)  # with the teacher's cached scores: only the variants are new to it
+    capsys.readouterr()
+    assert main(["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1", "--augment", "2"]) == 0
+    said, record = capsys.readouterr().err, runs.read_student(run)
+    config = runs.read_config(run)
+    dataset = load_dataset(DataSpec.of(config))
+    left = left_out_texts(DataSpec.of(config), dataset)
+    assert 0 < record.augmented_texts <= 2 * len(dataset.train.texts)
+    assert record.unlabeled_texts == len(left) + record.augmented_texts
+    assert f"({len(dataset.train.texts) + len(left)} read from" in said  # the variants alone were scored anew
+    row = next(row for row in runs.read_metrics(run).verdict.rows if row.name == "student")
+    assert f"{record.augmented_texts} of them augmented" in row.detail
+
+
 def test_a_student_keeps_its_encoders_layers_spread_evenly_and_reloads_as_the_smaller_model(tmp_path):
     assert [layers_kept(6, n) for n in (1, 2, 3, 6)] == [[0], [0, 3], [0, 2, 4], [0, 1, 2, 3, 4, 5]]
     assert layers_kept(12, 6) == [0, 2, 4, 6, 8, 10]  # DistilBERT's one layer of two
@@ -264,6 +280,8 @@ def _write_tiny_distilbert(directory):
         (["--unlabeled", "{tmp}/texts.xlsx"], "unsupported file type"),
         (["--unlabeled", "{tmp}/broken.parquet"], "broken.parquet"),
         (["--max-unlabeled", "-1"], "--max-unlabeled"),
+        (["--augment", "-1"], "--augment"),
+        (["--augment", "two"], "--augment"),
         (["--weights", "0,1"], "teacher weight"),
         (["--weights", "one"], "--weights"),
         (["--learning-rate", "-1"], "learning rate"),

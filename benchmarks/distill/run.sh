@@ -8,7 +8,8 @@
 # with a kept record is skipped; the teacher's scores are cached in the run.
 # MAX_UNLABELED=N, WEIGHTS=0.5,1 (the teacher weights tried) and TAG=NAME (the record kept as SET-NAME.json,
 # e.g. TAG=all MAX_UNLABELED=20000 WEIGHTS=1: every left-out text, one weight) and STUDENT_LAYERS=N (the student
-# keeps N of MiniLM's 6 layers: `--student-layers`) vary the measurement.
+# keeps N of MiniLM's 6 layers: `--student-layers`) and AUGMENT=K (K variants of each training text labelled by
+# the teacher too: `--augment`) vary the measurement.
 # Table: python3 benchmarks/distill/summarize.py STUDY_OUT
 # Usage: bash benchmarks/distill/run.sh STUDY_OUT [SET ...]
 set -euo pipefail
@@ -25,7 +26,8 @@ for set in "${sets[@]}"; do
   [ -f "$run/metrics.json" ] || { echo "distill: $run has not finished; skipped"; continue; }
   echo "$(date -u +%FT%TZ) distill $set"
   OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-3000}" \
-    --weights "${WEIGHTS:-0.5,1}" ${STUDENT_LAYERS:+--student-layers "$STUDENT_LAYERS"} >> "$out/logs/distill-$set${TAG:+-$TAG}.log" 2>&1 && cp "$run/student.json" "$kept" \
+    --weights "${WEIGHTS:-0.5,1}" ${STUDENT_LAYERS:+--student-layers "$STUDENT_LAYERS"} \
+    ${AUGMENT:+--augment "$AUGMENT"} >> "$out/logs/distill-$set${TAG:+-$TAG}.log" 2>&1 && cp "$run/student.json" "$kept" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
 done
 for set in "${sets[@]}"; do  # the gold-label MiniLM where the study's encoders run of the set is missing

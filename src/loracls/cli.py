@@ -249,6 +249,7 @@ def cmd_distill(args) -> None:
         student_layers=args.student_layers,
         unlabeled=args.unlabeled,
         max_unlabeled=args.max_unlabeled,
+        augment=args.augment,
         weights=tuple(_numbers(args.weights, "--weights")),
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,

@@ -121,6 +121,7 @@ def _run_commands(sub) -> None:
     p.add_argument("--student-layers", type=_positive, help="keep N of the student's layers (spread evenly): cheaper")
     p.add_argument("--unlabeled", metavar="FILE", help="texts the teacher labels too (CSV/JSONL/Parquet/TXT)")
     p.add_argument("--max-unlabeled", type=int, default=10_000, help="at most N unlabeled texts (a seeded draw)")
+    p.add_argument("--augment", type=int, default=0, metavar="K", help="K variants of each training text, taught too")
     p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")
     p.add_argument("--learning-rate", type=float, help="default: the rate the run's encoder baseline chose")
     p.add_argument("--batch-size", type=int, help="the teacher's texts a forward pass")

@@ -241,6 +241,7 @@ class StudentRecord(EncoderRecord):
     teacher_weight: float = 1.0  # the teacher's share of the loss, chosen on validation
     training_texts: int = 0  # the training split's texts
     unlabeled_texts: int = 0  # texts with the teacher's probabilities only
+    augmented_texts: int = 0  # of those, variants of the training texts (--augment)
     # the teacher on the same test texts, timed beside the student (`texts_per_second`: the exported student
     # through the same Engine, before and after the teacher)
     teacher_texts_per_second: float | None = None

@@ -4,7 +4,8 @@ teaches a small encoder, which then stands beside it in the run's verdict and is
 The story, top-down (the training job's phases: prepare, teach, fit, test, export, record, under the run's lock):
 1. prepare: the finished run, its config and data splits, the student (checked before anything is written), the
    unlabeled texts (a file the user gives, read with predict's streaming reader, or else the data file's texts
-   the splits left out), and the teacher (the run's engine, as predict and serve load it).
+   the splits left out; with `--augment K`, K variants of each training text too: `data/augment.py`), and the
+   teacher (the run's engine, as predict and serve load it).
 2. teach: the teacher's calibrated probabilities on the training split and the unlabeled texts, computed in
    chunks and cached in `RUN/teacher_scores/` (keyed by the texts), so a repeated or interrupted distill does
    not pay for them again.
@@ -35,6 +36,7 @@ from loracls import files, runs
 from loracls.baselines.encoder import check_encoder
 from loracls.baselines.student import StudentSpec, Teaching, check_layers, run_student
 from loracls.config import Config
+from loracls.data.augment import Augmentation, augmented_texts
 from loracls.data.spec import DataSpec
 from loracls.data.splits import Dataset, left_out_texts, load_dataset
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts, text_chunks
@@ -65,6 +67,7 @@ class DistillOptions:
     student_layers: int | None = None  # keep this many of the student's layers, spread evenly; None: all
     unlabeled: str | None = None  # a file of texts (the run's text column); None: the data's left-out texts
     max_unlabeled: int | None = 10_000  # at most this many unlabeled texts, drawn with the run's seed
+    augment: int = 0  # variants of each training text the teacher labels too (data/augment.py); 0: none
     weights: tuple[float, ...] = (0.5, 1.0)  # the teacher's share of the loss, each tried, the best kept
     learning_rate: float | None = None  # None: what the run's encoder baseline chose for this encoder, else 1e-4
     batch_size: int | None = None  # the teacher's texts a forward pass; None: the run's eval_batch_size
@@ -75,7 +78,8 @@ class DistillJob:
     run: Path
     config: Config
     dataset: Dataset
-    unlabeled: list[str]
+    unlabeled: list[str]  # the left-out or the user's texts, then the augmented ones
+    augmented: int  # how many of `unlabeled` are variants of the training texts
     teacher: Engine
     runtime: Runtime
     options: DistillOptions
@@ -89,6 +93,7 @@ def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log 
         teaching = _teach(job)
         spec = StudentSpec(options.student, options.weights, _learning_rate(job), options.student_layers)
         record, fitted = run_student(job.dataset, job.config, job.runtime, spec, teaching, log)
+        record.augmented_texts = job.augmented
         record.export = _export(job, fitted)
         _test_beside_teacher(job, record, fitted)
         _record(job, record)
@@ -109,6 +114,8 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
         raise LoraclsError(f"distill: --max-unlabeled must be >= 0, got {options.max_unlabeled}")
     if options.learning_rate is not None and not 0 < options.learning_rate < 1:
         raise LoraclsError(f"distill: the learning rate must be > 0 and < 1, got {options.learning_rate}")
+    if options.augment < 0:
+        raise LoraclsError(f"distill: --augment must be >= 0, got {options.augment}")
     held.enter_context(runs.hold(run))
     config = runs.read_config(run)
     data = DataSpec.of(config)
@@ -118,11 +125,12 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     if options.student_layers is not None:
         check_layers(student_config, options.student_layers)
     unlabeled = _at_most(_unlabeled(source, data, dataset, log), options.max_unlabeled, config.seed, log)
+    augmented = _augmented(dataset, unlabeled, options.augment, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
     layers = f" ({options.student_layers} of its layers)" if options.student_layers else ""
     log(f"distill: teacher {teacher.source}; student {options.student}{layers}")
-    return DistillJob(run, config, dataset, unlabeled, teacher, runtime, options, log)
+    return DistillJob(run, config, dataset, unlabeled + augmented, len(augmented), teacher, runtime, options, log)
 
 
 def _unlabeled_file(file: str | None, data: DataSpec) -> TextColumn | None:
@@ -157,6 +165,16 @@ def _at_most(texts: list[str], limit: int | None, seed: int, log: Log) -> list[s
     kept = sorted(np.random.default_rng(seed).choice(len(texts), size=limit, replace=False))
     log(f"distill: {limit} of the {len(texts)} unlabeled texts kept (--max-unlabeled)")
     return [texts[i] for i in kept]
+
+
+def _augmented(dataset: Dataset, unlabeled: list[str], copies: int, seed: int, log: Log) -> list[str]:
+    """`copies` variants of each training text (data/augment.py), none equal to a split or unlabeled text."""
+    if not copies:
+        return []
+    exclude = dataset.texts() | set(unlabeled)
+    texts = augmented_texts(list(dataset.train.texts), Augmentation(copies), seed, exclude)
+    log(f"distill: {len(texts)} augmented variants of the {len(dataset.train.texts)} training texts (--augment)")
+    return texts
 
 
 def _teach(job: DistillJob) -> Teaching:
@@ -251,6 +269,10 @@ def _layers_said(record: StudentRecord) -> str:
     return f" (layers {','.join(map(str, record.layers))})" if record.layers else ""
 
 
+def _augmented_said(record: StudentRecord) -> str:
+    return f", {record.augmented_texts} of them augmented" if record.augmented_texts else ""
+
+
 def _timed(engine: Engine, texts: list[str]) -> tuple[np.ndarray, float]:
     started = time.perf_counter()
     probabilities = engine.probabilities(texts)
@@ -322,7 +344,8 @@ def student_row(record: StudentRecord, teacher: LadderRow | None = None) -> Ladd
         speed = f", {ratio:.1f}x the teacher's texts/s side by side ({record.texts_per_second:.0f} texts/s there)"
     detail = (
         f"{record.model}{_layers_said(record)} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
-        f"{record.unlabeled_texts} unlabeled texts), best epoch {record.best_epoch} of {record.epochs}{speed}"
+        f"{record.unlabeled_texts} unlabeled texts{_augmented_said(record)}), "
+        f"best epoch {record.best_epoch} of {record.epochs}{speed}"
     )
     row = encoder_row(record, STUDENT_ROW, detail)
     if ratio is not None and teacher is not None and teacher.texts_per_second:
