@@ -219,7 +219,10 @@ def test_two_processes_train_the_comment_model_as_one_with_double_batch(gemma3_d
     assert a["train"]["steps"] == b["train"]["steps"] and a["validation"] == b["validation"]
     assert a["test"]["accuracy"] == b["test"]["accuracy"] and a["comments"]["head_accuracy"] is not None
     wa, wb = (load_file(run / "run" / "adapter" / "adapter_model.safetensors") for run in (single, double))
-    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+    # fp32 sums in another order (one batch of 8 against two of 4 all-reduced), and Adam at lr 2e-2 carries
+    # the difference: up to 1.3e-5 on an AVX2-only CPU (weights up to 0.23); a process that trained on its half
+    # alone would be orders of magnitude off
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)
     rows = [[r["comment"] for r in read_jsonl(run / "run" / "predictions" / "test.jsonl")] for run in (single, double)]
     assert rows[0] == rows[1]
 
