@@ -3,7 +3,9 @@ alone (the study's encoders run, else benchmarks/distill/results/gold-SET.json) 
 teacher (benchmarks/distill/results/SET.json), on the same test split, in the set's own measure (the study's
 select_by: accuracy, or macro F1 on imbalanced and emotions); texts/s of the student against the
 teacher's measured in the same distill process. A tagged record (results/SET-TAG.json: run.sh's TAG, e.g. every
-left-out text as the unlabeled set) is one more row of its set.
+left-out text as the unlabeled set) is one more row of its set. Where results/teacher-SET[-TAG].json exists (the
+metrics.json of a teacher trained again, e.g. on another machine: run.sh keeps it beside each record), the row's
+teacher figures are read from it, not from the study's run.
 Usage: python3 benchmarks/distill/summarize.py STUDY_OUT   (the study's kept results also serve as STUDY_OUT)"""
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ def _gold(study: Path, name: str) -> dict | None:
 
 
 def row(study: Path, name: str, tag: str | None = None) -> str | None:
-    student = _read(HERE / "results" / (f"{name}-{tag}.json" if tag else f"{name}.json"))
-    metrics = _read(study / "runs" / f"defaults-{name}" / "metrics.json")
+    record = f"{name}-{tag}" if tag else name
+    student = _read(HERE / "results" / f"{record}.json")
+    metrics = _read(HERE / "results" / f"teacher-{record}.json") or _read(
+        study / "runs" / f"defaults-{name}" / "metrics.json"
+    )
     if student is None or metrics is None:
         return None
     gold = _gold(study, name)
@@ -48,9 +53,19 @@ def row(study: Path, name: str, tag: str | None = None) -> str | None:
     return (
         f"| {name + (f' ({tag})' if tag else '')} | {key.replace('_', ' ')} | {teacher:.4f} | {gold_cell} | "
         f"{own:.4f} | {gain} | {100 * (own - teacher):+.1f} | "
-        f"{student['teacher_weight']:g} | {student['unlabeled_texts']} | "
+        f"{student['teacher_weight']:g} | {_unlabeled(student)} | "
         f"{100 * student['agreement_with_teacher']:.1f}% | "
         f"{ratio:.1f}x | {eces} |"
+    )
+
+
+def _unlabeled(student: dict) -> str:
+    """The unlabeled texts, the augmented variants of the training texts (--augment) apart."""
+    augmented = student.get("augmented_texts", 0)
+    return (
+        f"{student['unlabeled_texts'] - augmented} + {augmented} augmented"
+        if augmented
+        else str(student["unlabeled_texts"])
     )
 
 
