@@ -5,7 +5,9 @@
 # benchmarks/distill/results/SET.json (committed), beside the same MiniLM fine-tuned on the gold labels alone
 # (the study's `encoders` run of the set, or, where that has not run, `loracls baseline` with MiniLM alone: the
 # same early stopping and learning-rate grid, kept as results/gold-SET.json) and the teacher. Resumable: a set
-# with a kept record is skipped; the teacher's scores are cached in the run.
+# with a kept record is skipped; the teacher's scores are cached in the run. The teacher's metrics.json is kept
+# beside each record (results/teacher-SET[-TAG].json): a teacher trained again (study13's REBUILD=1) is the
+# one its records are read against.
 # MAX_UNLABELED=N, WEIGHTS=0.5,1 (the teacher weights tried) and TAG=NAME (the record kept as SET-NAME.json,
 # e.g. TAG=all MAX_UNLABELED=20000 WEIGHTS=1: every left-out text, one weight) and STUDENT_LAYERS=N (the student
 # keeps N of MiniLM's 6 layers: `--student-layers`) and AUGMENT=K (K variants of each training text labelled by
@@ -28,6 +30,7 @@ for set in "${sets[@]}"; do
   OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-3000}" \
     --weights "${WEIGHTS:-0.5,1}" ${STUDENT_LAYERS:+--student-layers "$STUDENT_LAYERS"} \
     ${AUGMENT:+--augment "$AUGMENT"} >> "$out/logs/distill-$set${TAG:+-$TAG}.log" 2>&1 && cp "$run/student.json" "$kept" \
+    && cp "$run/metrics.json" "$here/results/teacher-$set${TAG:+-$TAG}.json" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
 done
 for set in "${sets[@]}"; do  # the gold-label MiniLM where the study's encoders run of the set is missing

@@ -3,9 +3,9 @@ alone (the study's encoders run, else benchmarks/distill/results/gold-SET.json) 
 teacher (benchmarks/distill/results/SET.json), on the same test split, in the set's own measure (the study's
 select_by: accuracy, or macro F1 on imbalanced and emotions); texts/s of the student against the
 teacher's measured in the same distill process. A tagged record (results/SET-TAG.json: run.sh's TAG, e.g. every
-left-out text as the unlabeled set) is one more row of its set. Where results/teacher-SET[-TAG].json exists (the
-metrics.json of a teacher trained again, e.g. on another machine: run.sh keeps it beside each record), the row's
-teacher figures are read from it, not from the study's run.
+left-out text as the unlabeled set) is one more row of its set. Where results/teacher-SET[-TAG].json exists
+(the metrics.json of the teacher the record was distilled from, which run.sh keeps beside each record: a teacher
+trained again differs from the study's run), the row's teacher figures are read from it.
 Usage: python3 benchmarks/distill/summarize.py STUDY_OUT   (the study's kept results also serve as STUDY_OUT)"""
 
 from __future__ import annotations
