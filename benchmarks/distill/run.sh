@@ -33,9 +33,11 @@ for set in "${sets[@]}"; do
     && cp "$run/metrics.json" "$here/results/teacher-$set${TAG:+-$TAG}.json" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
 done
-for set in "${sets[@]}"; do  # the gold-label MiniLM where the study's encoders run of the set is missing
+for set in "${sets[@]}"; do  # the gold-label MiniLM where the study's encoders runs of the set are missing
   run="$out/runs/defaults-$set"
-  [ -f "$here/results/gold-$set.json" ] || [ -f "$here/../study13/results/runs/encoders-$set.json" ] && continue
+  study="$here/../study13/results/runs"  # the study's encoders run, in one process or one a learning rate
+  [ -f "$here/results/gold-$set.json" ] || [ -f "$study/encoders-$set.json" ] && continue
+  compgen -G "$study/enc_minilm_*-$set.json" > /dev/null && continue
   [ -f "$run/metrics.json" ] || continue
   echo "$(date -u +%FT%TZ) gold MiniLM $set"
   OMP_NUM_THREADS=1 python3 -m loracls baseline "$run/config.yaml" --set baseline=true "baselines=[encoder]" \
