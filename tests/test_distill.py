@@ -23,6 +23,7 @@ from loracls.data.spec import DataSpec
 from loracls.data.splits import left_out_texts, load_dataset
 from loracls.hardware import Runtime
 from loracls.jobs.distill import TEACHER_CHUNK, _unlabeled, _unlabeled_file, teacher_probabilities
+from loracls.problems import problem_for
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
 
@@ -65,6 +66,24 @@ def test_the_student_loss_blends_the_teacher_and_the_gold_labels(data_csv, tmp_p
         p = soft
         kl = (p * (p.log() - torch.log_softmax(logits, dim=1))).sum(1).mean()
         assert torch.allclose(to_teacher, kl - (p * p.log()).sum(1).mean(), atol=1e-6)
+    # at temperature T: the teacher's logits and the student's divided by T, the soft term scaled by T^2
+    hot = Teaching(teaching.texts, teacher, teaching.gold, weight=0.25, temperature=3.0)
+    softened = torch.as_tensor(kind.softened(teacher, 3.0)[rows], dtype=torch.float32)
+    to_soft = 9.0 * kind.loss(logits / 3.0, softened, None, 4)
+    assert torch.allclose(_fit(config, hot).loss(rows, logits), 0.25 * to_soft + 0.75 * to_gold, atol=1e-6)
+
+
+@pytest.mark.parametrize("problem", ["single_label", "multi_label"])
+def test_softened_probabilities_divide_the_teachers_logits(problem):
+    kind = problem_for(problem)
+    p = np.array([[0.9, 0.1], [0.5, 0.5], [0.2, 0.8]])
+    assert np.allclose(kind.softened(p, 1.0), p, atol=1e-6)  # T = 1: unchanged
+    soft = kind.softened(p, 2.0)
+    assert np.allclose(soft[0], [0.75, 0.25], atol=1e-6)  # odds 9:1 -> 3:1
+    assert np.allclose(soft[1], [0.5, 0.5]) and soft[2, 1] == pytest.approx(2 / 3, abs=1e-6)
+    assert np.all(np.abs(soft - 0.5) <= np.abs(p - 0.5) + 1e-9)  # never sharper
+    sure = kind.softened(np.array([[1.0, 0.0]]), 2.0)  # a probability of exactly 0 or 1 stays finite
+    assert np.isfinite(sure).all() and sure[0, 0] > 0.99
 
 
 class _CountingTeacher:
@@ -202,11 +221,14 @@ def test_the_student_is_predicted_and_served_beside_its_teacher(distilled, capsy
 
 def test_a_second_distill_reads_the_teachers_scores(distilled, capsys):
     run, _ = distilled
+    assert runs.read_student(run).distill_temperature == 1.0  # the default: the calibrated probabilities
     capsys.readouterr()
-    assert main(["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1"]) == 0
+    args = ["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1", "--temperature", "2"]
+    assert main(args) == 0
     said = capsys.readouterr().err
     assert "(0 read from" not in said and " read from " in said
-    assert set(runs.read_student(run).weights) == {"1"}
+    assert "(teacher weight 1, temperature 2)" in said
+    assert set(runs.read_student(run).weights) == {"1"} and runs.read_student(run).distill_temperature == 2.0
     assert [row.name for row in runs.read_metrics(run).verdict.rows].count("student") == 1  # replaced, not added
 
 
@@ -284,6 +306,9 @@ def _write_tiny_distilbert(directory):
         (["--augment", "two"], "--augment"),
         (["--weights", "0,1"], "teacher weight"),
         (["--weights", "one"], "--weights"),
+        (["--temperature", "0.5"], "--temperature"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--temperature", "warm"], "--temperature"),
         (["--learning-rate", "-1"], "learning rate"),
         (["--student", "{tmp}/not_an_encoder"], "not_an_encoder"),
         (["--student", "{tiny}", "--student-layers", "3"], "--student-layers must be between 1 and the encoder's 2"),

@@ -11,7 +11,8 @@
 # MAX_UNLABELED=N, WEIGHTS=0.5,1 (the teacher weights tried) and TAG=NAME (the record kept as SET-NAME.json,
 # e.g. TAG=all MAX_UNLABELED=20000 WEIGHTS=1: every left-out text, one weight) and STUDENT_LAYERS=N (the student
 # keeps N of MiniLM's 6 layers: `--student-layers`) and AUGMENT=K (K variants of each training text labelled by
-# the teacher too: `--augment`) vary the measurement.
+# the teacher too: `--augment`) and TEMPERATURE=T (the distillation temperature: `--temperature`) vary the
+# measurement.
 # Table: python3 benchmarks/distill/summarize.py STUDY_OUT
 # Usage: bash benchmarks/distill/run.sh STUDY_OUT [SET ...]
 set -euo pipefail
@@ -29,7 +30,7 @@ for set in "${sets[@]}"; do
   echo "$(date -u +%FT%TZ) distill $set"
   OMP_NUM_THREADS=1 python3 -m loracls distill "$run" --student minilm --max-unlabeled "${MAX_UNLABELED:-3000}" \
     --weights "${WEIGHTS:-0.5,1}" ${STUDENT_LAYERS:+--student-layers "$STUDENT_LAYERS"} \
-    ${AUGMENT:+--augment "$AUGMENT"} >> "$out/logs/distill-$set${TAG:+-$TAG}.log" 2>&1 && cp "$run/student.json" "$kept" \
+    ${AUGMENT:+--augment "$AUGMENT"} ${TEMPERATURE:+--temperature "$TEMPERATURE"} >> "$out/logs/distill-$set${TAG:+-$TAG}.log" 2>&1 && cp "$run/student.json" "$kept" \
     && cp "$run/metrics.json" "$here/results/teacher-$set${TAG:+-$TAG}.json" \
     || echo "failed: distill $set" >> "$out/logs/progress.txt"
 done

@@ -251,6 +251,7 @@ def cmd_distill(args) -> None:
         max_unlabeled=args.max_unlabeled,
         augment=args.augment,
         weights=tuple(_numbers(args.weights, "--weights")),
+        temperature=args.temperature,
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
     )

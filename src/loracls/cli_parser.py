@@ -123,6 +123,7 @@ def _run_commands(sub) -> None:
     p.add_argument("--max-unlabeled", type=int, default=10_000, help="at most N unlabeled texts (a seeded draw)")
     p.add_argument("--augment", type=int, default=0, metavar="K", help="K variants of each training text, taught too")
     p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")
+    p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (> 1: softer targets)")
     p.add_argument("--learning-rate", type=float, help="default: the rate the run's encoder baseline chose")
     p.add_argument("--batch-size", type=int, help="the teacher's texts a forward pass")
 

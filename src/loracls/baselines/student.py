@@ -7,7 +7,9 @@ The loss of a batch is `weight` x the problem's loss against the teacher's proba
 cross-entropy to the soft targets, which is the KL divergence to the teacher plus the teacher's entropy, a
 constant; multi_label: BCE to each label's probability) plus (1 - `weight`) x the problem's loss against the
 gold labels of the batch's labelled texts (Hinton et al. 2015; DistilBERT). The teacher's probabilities are
-already calibrated (its fitted temperature), so no further temperature is applied.
+already calibrated (its fitted temperature); a distillation `temperature` T > 1 softens them further (the
+teacher's logits and the student's divided by T, the soft term scaled by T^2 so that its gradients keep their
+size, as Hinton et al. do).
 
 A student can be made cheaper than its encoder by keeping some of its layers (`layers`): DistilBERT's
 initialisation (Sanh et al. 2019: one layer of two), the kept layers spread evenly from the first, the config's
@@ -35,12 +37,13 @@ __all__ = ["Teaching", "StudentFit", "StudentSpec", "run_student", "check_layers
 class Teaching:
     """What the student learns from: `texts` (the training split's, then the unlabeled ones), the teacher's
     calibrated `probabilities` for each (one row a text), each text's `gold` label (None: unlabeled), and the
-    teacher's share of the loss (`weight`; the gold labels get the rest)."""
+    teacher's share of the loss (`weight`; the gold labels get the rest) and the distillation `temperature`."""
 
     texts: list[str]
     probabilities: np.ndarray
     gold: list
     weight: float = 1.0
+    temperature: float = 1.0  # the distillation temperature (1: the calibrated probabilities as they are)
 
     @property
     def unlabeled(self) -> int:
@@ -51,22 +54,25 @@ class StudentFit(EncoderFit):
     """An EncoderFit whose training texts and loss are the teaching's (see the module's loss)."""
 
     def __init__(self, dataset: Dataset, config, runtime, log, student: StudentSpec, teaching: Teaching):
-        self.teaching, self.weight = teaching, teaching.weight
+        self.teaching, self.weight, self.temperature = teaching, teaching.weight, teaching.temperature
+        self.soft = dataset.kind.softened(teaching.probabilities, teaching.temperature).astype(np.float32)
         super().__init__(dataset, config, runtime, log, student.model)
         self.layers = None if student.layers is None else keep_layers(self.model, student.layers)
 
     @property
     def label(self) -> str:
         layers = f", layers {','.join(map(str, self.layers))}" if self.layers else ""
-        return f"student {self.name} (teacher weight {self.weight:g}{layers})"
+        heat = f", temperature {self.temperature:g}" if self.temperature != 1 else ""
+        return f"student {self.name} (teacher weight {self.weight:g}{heat}{layers})"
 
     def texts(self, split: str) -> list[str]:
         return self.teaching.texts if split == "train" else super().texts(split)
 
     def loss(self, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
         kind, device, labels = self.dataset.kind, self.runtime.device, len(self.dataset.id2label)
-        soft = torch.as_tensor(self.teaching.probabilities[rows], dtype=torch.float32, device=device)
-        loss = self.weight * kind.loss(logits, soft, None, len(rows))
+        soft = torch.as_tensor(self.soft[rows], device=device)
+        scale = self.temperature**2
+        loss = self.weight * scale * kind.loss(logits / self.temperature, soft, None, len(rows))
         gold = [(i, self.teaching.gold[row]) for i, row in enumerate(rows) if self.teaching.gold[row] is not None]
         if gold and self.weight < 1:
             targets = kind.targets([label for _, label in gold], labels, device)
@@ -131,6 +137,7 @@ def run_student(
     record = StudentRecord(
         **{f.name: getattr(base, f.name) for f in fields(EncoderRecord)},
         teacher_weight=fitted.fit.weight,
+        distill_temperature=teaching.temperature,
         training_texts=len(teaching.texts) - teaching.unlabeled,
         unlabeled_texts=teaching.unlabeled,
         weights=scores,

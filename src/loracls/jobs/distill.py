@@ -69,6 +69,7 @@ class DistillOptions:
     max_unlabeled: int | None = 10_000  # at most this many unlabeled texts, drawn with the run's seed
     augment: int = 0  # variants of each training text the teacher labels too (data/augment.py); 0: none
     weights: tuple[float, ...] = (0.5, 1.0)  # the teacher's share of the loss, each tried, the best kept
+    temperature: float = 1.0  # distillation temperature (> 1: softer targets); 1: the calibrated probabilities
     learning_rate: float | None = None  # None: what the run's encoder baseline chose for this encoder, else 1e-4
     batch_size: int | None = None  # the teacher's texts a forward pass; None: the run's eval_batch_size
 
@@ -116,6 +117,8 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
         raise LoraclsError(f"distill: the learning rate must be > 0 and < 1, got {options.learning_rate}")
     if options.augment < 0:
         raise LoraclsError(f"distill: --augment must be >= 0, got {options.augment}")
+    if not 1 <= options.temperature <= 100:  # also refuses nan
+        raise LoraclsError(f"distill: --temperature must be >= 1 and <= 100, got {options.temperature}")
     held.enter_context(runs.hold(run))
     config = runs.read_config(run)
     data = DataSpec.of(config)
@@ -181,7 +184,8 @@ def _teach(job: DistillJob) -> Teaching:
     train = job.dataset.train
     texts = list(train.texts) + job.unlabeled
     probabilities = teacher_probabilities(job.teacher, texts, job.run / runs.TEACHER_SCORES, job.log)
-    return Teaching(texts, probabilities, list(train.labels) + [None] * len(job.unlabeled))
+    gold = list(train.labels) + [None] * len(job.unlabeled)
+    return Teaching(texts, probabilities, gold, temperature=job.options.temperature)
 
 
 def teacher_probabilities(teacher: Engine, texts: list[str], cache: Path, log: Log = print) -> np.ndarray:

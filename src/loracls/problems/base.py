@@ -148,6 +148,10 @@ class Problem(ABC):
     def probabilities(self, logits: np.ndarray, decision: Decision) -> np.ndarray: ...
 
     @abstractmethod
+    def softened(self, probs: np.ndarray, temperature: float) -> np.ndarray:
+        """The same probabilities with their logits divided by `temperature` (> 1: softer; distillation)."""
+
+    @abstractmethod
     def chosen(self, probs: np.ndarray, decision: Decision) -> np.ndarray:
         """The decided labels: a label id per row, or a boolean [rows, labels] array."""
 

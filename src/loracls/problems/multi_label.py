@@ -179,6 +179,11 @@ class MultiLabel(Problem):
     def probabilities(self, logits: np.ndarray, decision: Decision) -> np.ndarray:
         return sigmoid(logits)
 
+    def softened(self, probs: np.ndarray, temperature: float) -> np.ndarray:
+        """sigmoid(logit(p) / T), each label on its own."""
+        p = np.clip(probs, 1e-12, 1 - 1e-7)
+        return sigmoid((np.log(p) - np.log1p(-p)) / temperature)
+
     def chosen(self, probs: np.ndarray, decision: Decision) -> np.ndarray:
         cut = np.asarray(decision.thresholds) if decision.thresholds is not None else DEFAULT_THRESHOLD
         return probs >= cut

@@ -73,6 +73,10 @@ class SingleLabel(Problem):
     def probabilities(self, logits: np.ndarray, decision: Decision) -> np.ndarray:
         return softmax(logits, decision.temperature)
 
+    def softened(self, probs: np.ndarray, temperature: float) -> np.ndarray:
+        """softmax(log p / T): the logits up to a constant per row, divided by T."""
+        return softmax(np.log(np.clip(probs, 1e-12, 1.0)), temperature)
+
     def chosen(self, probs: np.ndarray, decision: Decision) -> np.ndarray:
         return probs.argmax(axis=1)
 
