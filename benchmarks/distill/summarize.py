@@ -53,10 +53,16 @@ def row(study: Path, name: str, tag: str | None = None) -> str | None:
     return (
         f"| {name + (f' ({tag})' if tag else '')} | {key.replace('_', ' ')} | {teacher:.4f} | {gold_cell} | "
         f"{own:.4f} | {gain} | {100 * (own - teacher):+.1f} | "
-        f"{student['teacher_weight']:g} | {_unlabeled(student)} | "
+        f"{_weight(student)} | {_unlabeled(student)} | "
         f"{100 * student['agreement_with_teacher']:.1f}% | "
         f"{ratio:.1f}x | {eces} |"
     )
+
+
+def _weight(student: dict) -> str:
+    """The teacher's share of the loss, and the distillation temperature where it is not 1 (--temperature)."""
+    heat = student.get("distill_temperature", 1.0)
+    return f"{student['teacher_weight']:g}" + (f", T {heat:g}" if heat != 1 else "")
 
 
 def _unlabeled(student: dict) -> str:
