@@ -177,6 +177,30 @@ def test_sigterm_answers_every_request_in_flight_and_exits_zero(trained_runs):
     assert any("requests in flight were answered" in line for line in server.lines)
 
 
+# the signal and a client both arrive after the address is printed and before uvicorn has started: the moment a
+# loaded CI machine gave a test (connection refused, then SIGTERM ignored until the 600 s limit)
+_EARLY = """
+import signal, socket, sys
+import uvicorn
+from loracls.cli import main
+run = uvicorn.Server.run
+def early(self, sockets):
+    socket.create_connection(sockets[0].getsockname()[:2], timeout=60).close()  # refused unless listening
+    signal.raise_signal(signal.SIGTERM)  # before uvicorn's own handlers are in place
+    return run(self, sockets=sockets)
+uvicorn.Server.run = early
+sys.exit(main(["serve", sys.argv[1], "--port", "0"]))
+"""
+
+
+def test_a_client_and_a_sigterm_right_after_the_address_is_printed(trained_runs):
+    done = subprocess.run(
+        [sys.executable, "-c", _EARLY, str(trained_runs["gemma3"])], capture_output=True, text=True, timeout=LIMIT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "listening on" in done.stderr and "serve: stopped" in done.stderr
+
+
 # --- the batcher ------------------------------------------------------------------------------------------
 
 

@@ -355,6 +355,12 @@ def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(),
     import uvicorn
 
     app = create_app(classifier, **dataclasses.asdict(limits))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
+    # a SIGTERM / SIGINT before uvicorn's own handlers are in place (it loads, then takes the signals) stops the
+    # server as theirs would. After a graceful shutdown uvicorn raises the signal again for the handlers it
+    # found: these then only set a flag on a stopped server, and `serve` returns (exit code 0)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
     sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
     bound = sock.getsockname()[1]
     runs = Served(classifier).runs
@@ -364,10 +370,5 @@ def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(),
         f"{first.runtime.device}, {first.precision}; listening on http://{host}:{bound} (max batch "
         f"{limits.max_batch_size}, max wait {limits.max_wait_ms:g} ms)"
     )
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
-    # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handlers it
-    # found: with these no-op ones that second raise ends nothing, and `serve` returns (exit code 0)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
     server.run(sockets=[sock])
     log("serve: stopped; requests in flight were answered")
