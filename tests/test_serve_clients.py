@@ -33,8 +33,10 @@ def http_server(classifier, **options):
     server = uvicorn.Server(uvicorn.Config(create_app(classifier, **options), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    while not server.started:
+    deadline = time.time() + 600  # only against a hang: a busy machine may take long to start
+    while not server.started and thread.is_alive() and time.time() < deadline:
         time.sleep(0.01)
+    assert server.started, "the server did not start"
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
@@ -64,7 +66,7 @@ def test_the_inference_client_sees_413_and_429():
         assert too_large.value.response.status_code == 413
         first = threading.Thread(target=client.text_classification, args=("good",))
         first.start()  # held in the model by the gate: its text fills the queue of one
-        deadline = time.time() + 60
+        deadline = time.time() + 600  # only against a hang
         while "loracls_queued_texts 1.0" not in httpx.get(f"{url}/metrics").text and time.time() < deadline:
             time.sleep(0.01)
         with pytest.raises(HfHubHTTPError) as busy:
