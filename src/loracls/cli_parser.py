@@ -8,11 +8,15 @@ import argparse
 __all__ = ["build_parser", "UsageError"]
 
 
-def _positive(text: str) -> int:
+def _whole(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -25,6 +29,23 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 <= value <= 64:
         raise argparse.ArgumentTypeError(f"must be between 0 and 64, got {value:g}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _whole(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0 (any free one) to 65535, got {value}")
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds, got {text!r}") from None
+    if not 0 <= value <= 60_000:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be between 0 and 60000 ms, got {value:g}")
     return value
 
 
@@ -125,7 +146,7 @@ def _run_commands(sub) -> None:
     p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (> 1: softer targets)")
     p.add_argument("--learning-rate", type=float, help="default: the rate the run's encoder baseline chose")
-    p.add_argument("--batch-size", type=int, help="the teacher's texts a forward pass")
+    p.add_argument("--batch-size", type=_positive, help="the teacher's texts a forward pass")
 
     p = sub.add_parser("report", help="one HTML page (and PNGs) for a finished run")
     p.add_argument("run")
@@ -163,9 +184,9 @@ def _ship_commands(sub) -> None:
         "is loaded once and each run's LoRA and head unmerged (requests pick one by its `model` name)",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0: any free port (the one taken is printed)")
+    p.add_argument("--port", type=_port, default=8000, help="0: any free port (the one taken is printed)")
     p.add_argument("--max-batch-size", type=_positive, default=64, help="texts per forward pass")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first text waits for others")
+    p.add_argument("--max-wait-ms", type=_milliseconds, default=5.0, help="how long the first text waits for others")
     p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 429 + Retry-After")
     p.add_argument(
         "--max-client-batch-size",
