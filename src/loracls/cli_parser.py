@@ -22,16 +22,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 64, got {value:g}")
-    return value
-
-
 def _port(text: str) -> int:
     value = _whole(text)
     if not 0 <= value <= 65535:
@@ -39,14 +29,24 @@ def _port(text: str) -> int:
     return value
 
 
-def _milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of milliseconds, got {text!r}") from None
-    if not 0 <= value <= 60_000:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be between 0 and 60000 ms, got {value:g}")
-    return value
+def _number_between(low: float, high: float, unit: str = ""):
+    """An argparse type: a number from low to high (nan refused), in `unit` where one is named."""
+    of_unit, in_unit = (f" of {unit}", f" {unit}") if unit else ("", "")
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number{of_unit}, got {text!r}") from None
+        if not low <= value <= high:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}{in_unit}, got {value:g}")
+        return value
+
+    return number
+
+
+_fraction = _number_between(0, 64)  # GPUs a trial holds
+_milliseconds = _number_between(0, 60_000, "milliseconds")
 
 
 def _inference_options(parser) -> None:
