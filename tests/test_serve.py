@@ -248,6 +248,22 @@ def test_serve_refuses_a_non_run_in_one_line(tmp_path, capsys):
     )
 
 
+def test_a_taken_port_is_refused_before_the_model_loads(trained_runs, capsys, monkeypatch):
+    import socket
+
+    import loracls.inference.loaded
+
+    monkeypatch.setattr(loracls.inference.loaded, "engine_for", lambda *a: pytest.fail("the model was loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(trained_runs["gemma3"]), "--port", str(port)]) == 2
+    assert (
+        capsys.readouterr().err.strip() == f"loracls: serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
 def test_accepted_connections_send_without_waiting_for_acks():
     """TCP_NODELAY on every accepted connection (asyncio sets it only where the socket's proto says TCP): without
     it each response waited ~40 ms for Nagle's algorithm and the client's delayed ACK."""

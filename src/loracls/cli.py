@@ -97,27 +97,30 @@ def _predict_with_ray(args) -> None:
 
 def cmd_serve(args) -> None:
     from loracls import runs
+    from loracls.inference.http import bound_socket
     from loracls.inference.loaded import engine_for
     from loracls.inference.server import ServeLimits, serve
 
     for path in args.run:  # each one a run or an exported model, said in one line before anything loads
         runs.check_model_dir(path)
-    if len(args.run) > 1 and any(runs.owning_run(Path(p)) != Path(p) for p in args.run):
+    side_by_side = len(args.run) > 1 and any(runs.owning_run(Path(p)) != Path(p) for p in args.run)
+    if len(args.run) > 1 and not side_by_side and args.engine != "torch":
+        raise LoraclsError(f"serve: several runs are served by --engine torch, not {args.engine}")
+    sock = bound_socket(args.host, args.port)  # a taken port or an unknown host: said before the model loads
+    if side_by_side:
         from loracls.inference.group import EngineGroup  # exported models (a student) beside runs: side by side
 
         classifier = EngineGroup([engine_for(p, _engine_options(args, args.max_batch_size), log) for p in args.run])
     elif len(args.run) > 1:  # several runs on one base: the base loaded once, each run's LoRA unmerged
         from loracls.inference.adapters import AdapterSet
 
-        if args.engine != "torch":
-            raise LoraclsError(f"serve: several runs are served by --engine torch, not {args.engine}")
         classifier = AdapterSet(args.run, log, args.max_batch_size, args.device, args.precision)
     else:  # a run directory or a merged model directory; label_and_comment: labels scored, comments written
         classifier = engine_for(args.run[0], _engine_options(args, args.max_batch_size), log)
     limits = ServeLimits(
         args.max_batch_size, args.max_wait_ms, args.max_queue, args.max_body_bytes, args.max_client_batch_size
     )
-    serve(classifier, args.host, args.port, limits, log)
+    serve(classifier, sock, limits, log)
 
 
 def cmd_export(args) -> None:

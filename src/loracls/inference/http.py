@@ -6,7 +6,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.responses import JSONResponse
 
-__all__ = ["error", "ServerMetrics", "BodyLimit", "listening_socket"]
+from loracls.errors import LoraclsError, first_line
+
+__all__ = ["error", "ServerMetrics", "BodyLimit", "bound_socket", "listening_socket"]
 
 
 def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
@@ -66,16 +68,31 @@ class BodyLimit:
             await too_large(scope, receive, send)
 
 
-def listening_socket(host: str, port: int):
-    """A bound TCP socket that listens. Its proto must say TCP (not 0): asyncio sets TCP_NODELAY only on accepted
-    sockets that do, and without it every response waited ~40 ms for Nagle's algorithm and the client's delayed
-    ACK (measured here: GET /health 44 ms, 1.9 ms with it; POST /classify 140 ms, 91 ms)."""
+BACKLOG = 2048  # connections the kernel queues before `serve` accepts them
+
+
+def bound_socket(host: str, port: int):
+    """A TCP socket bound to host:port (port 0: a free one), not yet listening: `loracls serve` binds before the
+    model loads, so a taken port or an unknown host is one line at once, and listens when it can answer.
+    Its proto must say TCP (not 0): asyncio sets TCP_NODELAY only on accepted sockets that do, and without it
+    every response waited ~40 ms for Nagle's algorithm and the client's delayed ACK (measured here: GET /health
+    44 ms, 1.9 ms with it; POST /classify 140 ms, 91 ms)."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)  # before the address is printed: a client that connects at once is queued, not refused
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # a port taken or not ours, a host that is no address of this machine
+        sock.close()
+        raise LoraclsError(f"serve: cannot listen on {host}:{port}: {exc.strerror or first_line(exc)}") from None
+    return sock
+
+
+def listening_socket(host: str, port: int):
+    """`bound_socket`, listening: a client that connects at once is queued, not refused."""
+    sock = bound_socket(host, port)
+    sock.listen(BACKLOG)
     return sock

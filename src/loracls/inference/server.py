@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     pass
 from loracls import __version__
 from loracls.inference import tokens
-from loracls.inference.http import BodyLimit, ServerMetrics, error, listening_socket
+from loracls.inference.http import BACKLOG, BodyLimit, ServerMetrics, error
 from loracls.inference.protocol import (
     ERRORS,
     ClassifyItem,
@@ -348,8 +348,9 @@ class ServeLimits:
     max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
 
 
-def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(), log: Log = print) -> None:
-    """Run until SIGTERM / Ctrl-C: then stop accepting, answer what is in flight, and return."""
+def serve(classifier, sock, limits: ServeLimits = ServeLimits(), log: Log = print) -> None:
+    """Serve on `sock` (http.bound_socket's) until SIGTERM / Ctrl-C: then stop accepting, answer what is in
+    flight, and return."""
     import signal
 
     import uvicorn
@@ -361,13 +362,14 @@ def serve(classifier, host: str, port: int, limits: ServeLimits = ServeLimits(),
     # found: these then only set a flag on a stopped server, and `serve` returns (exit code 0)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
-    sock = listening_socket(host, port)  # bound here so that port 0 gives a free port we can print
-    bound = sock.getsockname()[1]
+    sock.listen(BACKLOG)  # before the address is printed: a client that connects at once is queued, not refused
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     runs = Served(classifier).runs
     first = next(iter(runs.values()))
     log(
         f"serve: {'; '.join(f'{name} ({chr(44).join(run.labels)})' for name, run in runs.items())} on "
-        f"{first.runtime.device}, {first.precision}; listening on http://{host}:{bound} (max batch "
+        f"{first.runtime.device}, {first.precision}; listening on http://{host}:{port} (max batch "
         f"{limits.max_batch_size}, max wait {limits.max_wait_ms:g} ms)"
     )
     server.run(sockets=[sock])
