@@ -183,10 +183,12 @@ def _ship_commands(sub) -> None:
         help="a finished run directory or a merged model directory; several runs on one base model: the base "
         "is loaded once and each run's LoRA and head unmerged (requests pick one by its `model` name)",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", type=_port, default=8000, help="0: any free port (the one taken is printed)")
     p.add_argument("--max-batch-size", type=_positive, default=64, help="texts per forward pass")
-    p.add_argument("--max-wait-ms", type=_milliseconds, default=5.0, help="how long the first text waits for others")
+    p.add_argument(
+        "--max-wait-ms", type=_milliseconds, default=5.0, help="how long the first text waits for others (0-60000 ms)"
+    )
     p.add_argument("--max-queue", type=_positive, default=4096, help="texts queued before 429 + Retry-After")
     p.add_argument(
         "--max-client-batch-size",
