@@ -269,7 +269,7 @@ def test_accepted_connections_send_without_waiting_for_acks():
     it each response waited ~40 ms for Nagle's algorithm and the client's delayed ACK."""
     import socket
 
-    from loracls.inference.server import listening_socket
+    from loracls.inference.http import listening_socket
 
     async def scenario():
         sock = listening_socket("127.0.0.1", 0)
