@@ -269,10 +269,11 @@ def test_accepted_connections_send_without_waiting_for_acks():
     it each response waited ~40 ms for Nagle's algorithm and the client's delayed ACK."""
     import socket
 
-    from loracls.inference.http import listening_socket
+    from loracls.inference.http import BACKLOG, bound_socket
 
     async def scenario():
-        sock = listening_socket("127.0.0.1", 0)
+        sock = bound_socket("127.0.0.1", 0)
+        sock.listen(BACKLOG)  # as `serve` does
         accepted = []
         server = await asyncio.start_server(lambda r, w: accepted.append(w), sock=sock)
         reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])

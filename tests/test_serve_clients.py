@@ -15,7 +15,7 @@ from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
 from conftest import make_tokenizer
-from loracls.inference.http import listening_socket
+from loracls.inference.http import BACKLOG, bound_socket
 from loracls.inference.server import create_app
 from test_serve_contract import FakeClassifier, ask, is_error
 
@@ -29,7 +29,8 @@ def _fake():
 @contextlib.contextmanager
 def http_server(classifier, **options):
     """create_app on a free port of 127.0.0.1 in a thread; yields its URL."""
-    sock = listening_socket("127.0.0.1", 0)
+    sock = bound_socket("127.0.0.1", 0)
+    sock.listen(BACKLOG)  # as `serve` does
     server = uvicorn.Server(uvicorn.Config(create_app(classifier, **options), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 
 from loracls.errors import LoraclsError, first_line
 
-__all__ = ["error", "ServerMetrics", "BodyLimit", "bound_socket", "listening_socket"]
+__all__ = ["error", "ServerMetrics", "BodyLimit", "BACKLOG", "bound_socket"]
 
 
 def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
@@ -88,11 +88,4 @@ def bound_socket(host: str, port: int):
     except OSError as exc:  # a port taken or not ours, a host that is no address of this machine
         sock.close()
         raise LoraclsError(f"serve: cannot listen on {host}:{port}: {exc.strerror or first_line(exc)}") from None
-    return sock
-
-
-def listening_socket(host: str, port: int):
-    """`bound_socket`, listening: a client that connects at once is queued, not refused."""
-    sock = bound_socket(host, port)
-    sock.listen(BACKLOG)
     return sock
