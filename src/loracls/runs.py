@@ -26,6 +26,7 @@ from loracls.run_records import (  # noqa: F401  (re-exported: runs.Metrics, run
     BaselineSummary,
     CommentMetrics,
     EncoderRecord,
+    EnsembleRecord,
     ExportCheck,
     Metrics,
     ModelSummary,
@@ -50,6 +51,7 @@ BASELINE = "baseline.json"
 TFIDF = "tfidf.json"
 UNTRAINED = "untrained.json"  # label_and_comment: the run's prompt before training (the adapter disabled)
 ENCODER = "encoder.json"
+ENSEMBLE = "ensemble.json"  # LoRA and the strongest encoder blended (the verdict's ensemble row)
 ADAPTER = "adapter"
 MERGED = "merged"
 PREDICTIONS = "predictions"
@@ -118,6 +120,15 @@ def encoder_file(index: int) -> str:
 
 def read_encoder(run: Path, index: int = 0) -> EncoderRecord:
     return read_record(run / encoder_file(index), EncoderRecord)
+
+
+def encoder_folder(index: int) -> str:
+    """Where the chosen weights of encoder `index` are kept: encoder/, encoder.2/, ... (beside its record)."""
+    return "encoder" if index == 0 else f"encoder.{index + 1}"
+
+
+def read_ensemble(run: Path) -> EnsembleRecord:
+    return read_record(run / ENSEMBLE, EnsembleRecord)
 
 
 def read_student(run: Path) -> StudentRecord:

@@ -38,6 +38,7 @@ class Verdict:
     noise: float  # one standard error of the best score on this test split
     rows: list[LadderRow] = field(default_factory=list)
     examples: int = 0  # texts in the test split (each row's standard error is sqrt(p(1-p)/examples))
+    notes: list[str] = field(default_factory=list)  # what was left out of the table, and why (a budget, ...)
 
 
 def _score(row: LadderRow, metric: str) -> float:
@@ -75,46 +76,65 @@ def standard_error(score: float, examples: int) -> float:
 
 
 def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -> str:
+    """One sentence a user can act on: a win beyond the noise names the margin and the cost; a gap inside the
+    noise is called a tie, and the cheaper model is shipped."""
     words = "macro F1" if metric == "macro_f1" else "accuracy"
-    lora = next((r for r in rows if r.name == LORA_ROW), None)
     others = [r for r in rows if r.name != ship.name]
     if not others:
-        return f"ship {ship.name}: nothing else was measured"
-    if ship is lora:
-        rival = max(others, key=lambda r: _score(r, metric))
-        gap = 100 * (_score(lora, metric) - _score(rival, metric))
+        return f"ship {_called(ship)}: nothing else was measured"
+    best = max(rows, key=lambda r: (_score(r, metric), _speed(r)))
+    noise_words = f"noise on this test split is about {100 * noise:.1f}"
+    if best is not ship:  # a tie: the best is within the noise of a cheaper one
+        gap = 100 * (_score(best, metric) - _score(ship, metric))
         return (
-            f"ship LoRA: {gap:+.1f} points of {words} over the {rival.name} (the best alternative; noise on "
-            f"this test split is about {100 * noise:.1f}) at {_cost_ratio(lora, rival)} the {rival.name}'s cost "
-            f"per text"
+            f"a tie: {_called(best)} is {gap:.1f} points of {words} ahead of {_called(ship)}, inside this test "
+            f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(best)} costs {_cost_ratio(best, ship)} "
+            f"{_owner(ship)} cost per text)"
         )
-    if lora is None:
-        return f"ship the {ship.name}: the best {words} for its inference cost"
-    gap = 100 * (_score(lora, metric) - _score(ship, metric))
-    if gap > 0:
+    runner_up = max(others, key=lambda r: _score(r, metric))
+    gap = 100 * (_score(ship, metric) - _score(runner_up, metric))
+    if gap <= 100 * noise:
         return (
-            f"ship the {ship.name}: LoRA's {gap:+.1f} points of {words} are within this test split's noise "
-            f"(about {100 * noise:.1f}), and LoRA costs {_cost_ratio(lora, ship)} the {ship.name}'s cost per text"
+            f"a tie: {_called(ship)} is {gap:.1f} points of {words} ahead of {_called(runner_up)}, inside this test "
+            f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(runner_up)} costs "
+            f"{_cost_ratio(runner_up, ship)} {_owner(ship)} cost per text)"
         )
+    lora = next((r for r in rows if r.name == LORA_ROW), None)
+    if lora is not None and ship is not lora and runner_up is not lora:
+        gap_lora = 100 * (_score(ship, metric) - _score(lora, metric))
+        versus = f"; {gap_lora:+.1f} over LoRA, which costs {_cost_ratio(lora, ship)} {_owner(ship)} cost per text"
+    else:
+        versus = ""
     return (
-        f"ship the {ship.name}: it is {-gap:.1f} points of {words} ahead of LoRA, and LoRA costs "
-        f"{_cost_ratio(lora, ship)} the {ship.name}'s cost per text"
+        f"ship {_called(ship)}: {gap:+.1f} points of {words} over {_called(runner_up)} (the best alternative; "
+        f"{noise_words}) at {_cost_ratio(ship, runner_up)} {_owner(runner_up)} cost per text{versus}"
     )
+
+
+def _owner(row: LadderRow) -> str:
+    return f"{_called(row)}'s"
+
+
+def _called(row: LadderRow) -> str:
+    """How a sentence names a row: LoRA by name, the others with "the" (the encoder mpnet-base, the TF-IDF)."""
+    return row.name if row.name == LORA_ROW else f"the {row.name}"
 
 
 def format_table(verdict: Verdict) -> str:
     """The table as text (the log's side-by-side view)."""
+    width = max([22] + [len(r.name) for r in verdict.rows])
     lines = [
-        f"{'model':<22} {'accuracy':>8} {'± se':>6} {'macro F1':>8} {'ECE':>6} {'train s':>8} {'texts/s':>8} "
+        f"{'model':<{width}} {'accuracy':>8} {'± se':>6} {'macro F1':>8} {'ECE':>6} {'train s':>8} {'texts/s':>8} "
         f"{'params':>8}"
     ]
     for r in verdict.rows:
         se = f"{standard_error(r.accuracy, verdict.examples):6.4f}" if verdict.examples else f"{'-':>6}"
         lines.append(
-            f"{r.name:<22} {r.accuracy:8.4f} {se} {r.macro_f1:8.4f} {_num(r.ece, '6.3f')} "
+            f"{r.name:<{width}} {r.accuracy:8.4f} {se} {r.macro_f1:8.4f} {_num(r.ece, '6.3f')} "
             f"{_num(r.train_seconds, '8.0f')} {_num(r.texts_per_second, '8.1f')} {_params(r.parameters):>8}"
         )
-    return "\n".join(lines + [f"verdict: {verdict.reason}"])
+    notes = [f"left out: {note}" for note in verdict.notes]
+    return "\n".join(lines + notes + [f"verdict: {verdict.reason}"])
 
 
 def _num(value, spec: str) -> str:

@@ -13,16 +13,19 @@ LoRA uses, so the two are compared on the same terms.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
+from loracls import files
 from loracls.data.batching import collate, length_grouped_batches
 from loracls.data.splits import Dataset
 from loracls.errors import Log, LoraclsError, first_line
@@ -31,6 +34,8 @@ from loracls.model.source import resolve_encoder_dir
 from loracls.problems import Decision, evaluation
 from loracls.runs import EncoderRecord
 
+ENCODER_DECISION = "loracls_decision.json"  # beside a saved encoder: how its logits become labels
+ENCODER_PROBABILITIES = "probabilities.npz"  # its calibrated probabilities on the validation and test splits
 WARMUP_SHARE = 0.1  # of all steps: the usual recipe for fine-tuning BERT-like encoders
 
 
@@ -143,15 +148,17 @@ class EncoderFit:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
-    def train(self, learning_rate: float) -> EncoderTry:
+    def train(self, learning_rate: float, deadline: float | None = None) -> EncoderTry:
         """Epochs until `encoder_patience` epochs bring no better validation score (at most encoder_epochs),
-        warmup then linear decay over the cap; the model ends holding the best epoch's weights."""
+        warmup then linear decay over the cap; the model ends holding the best epoch's weights. With a
+        `deadline` (perf_counter seconds), no epoch is begun that the last one's time says would end past it."""
         config = self.config
         steps = config.encoder_epochs * math.ceil(len(self.ids["train"]) / config.encoder_batch_size)
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=config.weight_decay)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(WARMUP_SHARE * steps), steps)
-        best, curve, state = 0, [], None
+        best, curve, state, budget_stop = 0, [], None, False
         for epoch in range(1, config.encoder_epochs + 1):
+            began = time.perf_counter()
             self._epoch(optimizer, scheduler, epoch)
             curve.append(self.validation_score())
             self.log(
@@ -162,8 +169,37 @@ class EncoderFit:
                 best, state = epoch, copy.deepcopy(self.model.state_dict())
             if config.encoder_patience is not None and epoch - best >= config.encoder_patience:
                 break
+            now = time.perf_counter()
+            if deadline is not None and epoch < config.encoder_epochs and now + (now - began) > deadline:
+                budget_stop = True
+                self.log(f"{self.label} lr {learning_rate:g}: stopped after epoch {epoch}: encoder_budget_s reached")
+                break
         self.model.load_state_dict(state)
-        return EncoderTry(learning_rate, best, curve)
+        return EncoderTry(learning_rate, best, curve, budget_stop)
+
+    def projected_epoch_seconds(self, batches: int = 3) -> float:
+        """One epoch and its validation, projected from `batches` timed training batches (their gradients are
+        dropped: the weights do not move) and the same batches' forward passes for validation."""
+        config = self.config
+        order = length_grouped_batches([len(x) for x in self.ids["train"]], config.encoder_batch_size, config.seed)
+        timed = order[:batches]
+        began = time.perf_counter()
+        self.model.train()
+        for rows in timed:
+            batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
+            with self.runtime.autocast:
+                logits = self.model(
+                    input_ids=batch["input_ids"].to(self.runtime.device),
+                    attention_mask=batch["attention_mask"].to(self.runtime.device),
+                ).logits
+            self.loss(rows, logits.float()).backward()
+        self.model.zero_grad(set_to_none=True)
+        per_text = (time.perf_counter() - began) / max(sum(len(rows) for rows in timed), 1)
+        return per_text * (len(self.ids["train"]) + len(self.ids["validation"]) / 3)
+
+
+class EncoderSkipped(LoraclsError):
+    """An encoder left out of the run (its budget): the reason is said in the log and the verdict."""
 
 
 @dataclass
@@ -173,25 +209,33 @@ class EncoderTry:
     learning_rate: float
     best_epoch: int
     curve: list[float]
+    budget_stop: bool = False  # encoder_budget_s ended it before patience or the cap
 
     @property
     def score(self) -> float:
         return self.curve[self.best_epoch - 1]
 
 
-def encoder_specs(config, runtime) -> list[str]:
-    """The encoders a run trains: the config's, or (null) mpnet-base on a GPU where its wheels are installed,
-    else minilm."""
+def encoder_specs(config, runtime=None) -> list[str]:
+    """The encoders a run trains: the config's, or (null) the strongest one installed: mpnet-base wherever its
+    wheels are (the encoder a careful user would ship: 3.8 points ahead of MiniLM's... on the default job,
+    docs/benchmarks.md), else minilm. The device does not change the choice: the verdict is the same on a CPU."""
     from loracls.model.source import packaged_encoder_installed
 
     if config.encoder_model is None:
-        base = runtime.device.type != "cpu" and packaged_encoder_installed("mpnet-base")
-        return ["mpnet-base" if base else "minilm"]
+        return ["mpnet-base" if packaged_encoder_installed("mpnet-base") else "minilm"]
     return config.encoder_model if isinstance(config.encoder_model, list) else [config.encoder_model]
 
 
-def learning_rates(config) -> list[float]:
+DEFAULT_RATES = {"mpnet-base": [5e-5]}  # the study's best rate on every set it ran (4 of 4); one rate = 1/3 the time
+GRID = [5e-5, 1e-4, 2e-4]
+
+
+def learning_rates(config, spec: str = "") -> list[float]:
+    """The rates an encoder tries: the config's, or (null) its default (DEFAULT_RATES, else the grid)."""
     rates = config.encoder_learning_rate
+    if rates is None:
+        return list(DEFAULT_RATES.get(spec, GRID))
     return list(rates) if isinstance(rates, list) else [rates]
 
 
@@ -208,16 +252,28 @@ class Fitted:
     test_logits: np.ndarray
     train_seconds: float
     texts_per_second: float
+    validation_logits: np.ndarray
 
 
-def fit_best(candidates: list[tuple[Callable[[], EncoderFit], float]], seed: int) -> Fitted:
+def fit_best(
+    candidates: list[tuple[Callable[[], EncoderFit], float]], seed: int, budget_s: float | None = None
+) -> Fitted:
     """Train every (make the fit, learning rate) candidate from the same seed, keep the best on validation,
-    fit its decision on validation and time its pass over the test split."""
+    fit its decision on validation and time its pass over the test split. With `budget_s`, an encoder whose
+    first epoch is projected beyond it is skipped (EncoderSkipped), and no rate or epoch is begun past it."""
     started, tries, best = time.perf_counter(), [], None
+    deadline = None if budget_s is None else started + budget_s
     for make_fit, rate in candidates:
+        if best is not None and deadline is not None and time.perf_counter() >= deadline:
+            make_fit().log(f"encoder: lr {rate:g} not tried: encoder_budget_s ({budget_s:g} s) reached")
+            continue
         torch.manual_seed(seed)  # the new head's init and dropout follow the seed
         fit = make_fit()
-        tries.append(fit.train(rate))
+        if best is None and deadline is not None:
+            _check_budget(fit, budget_s)
+            torch.manual_seed(seed)
+            fit = make_fit()  # the projection's batches leave no trace: a fresh start from the seed
+        tries.append(fit.train(rate, deadline))
         if best is None or tries[-1].score > best[1].score:
             best = (fit, tries[-1])
     fit, chosen = best
@@ -230,17 +286,66 @@ def fit_best(candidates: list[tuple[Callable[[], EncoderFit], float]], seed: int
     decision, calibration = dataset.kind.fit_decision(
         validation_logits, dataset.validation.labels, test_logits, dataset.test.labels
     )
-    return Fitted(fit, chosen, tries, decision, calibration, test_logits, train_seconds, texts_per_second)
+    return Fitted(
+        fit, chosen, tries, decision, calibration, test_logits, train_seconds, texts_per_second, validation_logits
+    )
 
 
-def run_encoder(dataset: Dataset, config, runtime, spec: str, log: Log = print) -> EncoderRecord:
+def _check_budget(fit: EncoderFit, budget_s: float) -> None:
+    projected = fit.projected_epoch_seconds()
+    if projected > budget_s:
+        raise EncoderSkipped(
+            f"encoder {fit.name} skipped: one epoch on {len(fit.ids['train'])} texts is projected at "
+            f"{projected:.0f} s, beyond encoder_budget_s ({budget_s:g} s)"
+        )
+
+
+def run_encoder(
+    dataset: Dataset, config, runtime, spec: str, log: Log = print, save_to: Path | None = None
+) -> EncoderRecord:
     """Fine-tune `spec` once per learning rate of the grid (each from the same initial weights, the same seed),
-    keep the one with the best validation score, and score it on the test split."""
+    keep the one with the best validation score, and score it on the test split. With `save_to`, the chosen
+    model is saved there ready to ship (weights, tokenizer, its decision) with its calibrated probabilities
+    on validation and test (the ensemble row blends them with LoRA's)."""
     make_fit = functools.partial(EncoderFit, dataset, config, runtime, log, spec)
-    fitted = fit_best([(make_fit, rate) for rate in learning_rates(config)], config.seed)
+    fitted = fit_best(
+        [(make_fit, rate) for rate in learning_rates(config, spec)], config.seed, config.encoder_budget_s
+    )
     record = encoder_record(fitted, spec, config)
+    if save_to is not None:
+        save_encoder(fitted, save_to)
+        record.saved = save_to.name
     _say(record, dataset, log)
     return record
+
+
+def save_encoder(fitted: Fitted, folder: Path) -> None:
+    """The chosen encoder as a standalone transformers classifier (AutoModelForSequenceClassification reads
+    it), its decision (ENCODER_DECISION) and its calibrated probabilities (ENCODER_PROBABILITIES); written to
+    staging and swapped into place whole."""
+    fit, decision = fitted.fit, fitted.decision
+
+    def fill(staging: Path) -> None:
+        fit.model.save_pretrained(str(staging), safe_serialization=True)
+        fit.tokenizer.save_pretrained(str(staging))
+        files.write_json(staging / ENCODER_DECISION, dataclasses.asdict(decision))
+        np.savez(
+            staging / ENCODER_PROBABILITIES,
+            validation=decision.probabilities(fitted.validation_logits),
+            test=decision.probabilities(fitted.test_logits),
+        )
+
+    files.replace_dir(folder, fill)
+
+
+def read_encoder_probabilities(folder: Path) -> dict[str, np.ndarray] | None:
+    """A saved encoder's calibrated probabilities on validation and test (None: not saved, or unreadable)."""
+    path = folder / ENCODER_PROBABILITIES
+    try:
+        with np.load(path) as saved:
+            return {"validation": saved["validation"], "test": saved["test"]}
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def encoder_record(fitted: Fitted, spec: str, config) -> EncoderRecord:
@@ -272,6 +377,7 @@ def encoder_record(fitted: Fitted, spec: str, config) -> EncoderRecord:
         curve=chosen.curve,
         learning_rates={f"{t.learning_rate:g}": t.score for t in tries},
         still_improving=chosen.best_epoch == config.encoder_epochs,
+        budget_stop=chosen.budget_stop,
     )
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loracls import files, runs
-from loracls.baselines.encoder import encoder_specs, run_encoder
+from loracls.baselines.encoder import EncoderSkipped, encoder_specs, read_encoder_probabilities, run_encoder
+from loracls.baselines.ensemble import fit_ensemble
 from loracls.baselines.tfidf import run_tfidf
 from loracls.baselines.zero_shot import code_labels, codes_reason, run_baseline
 from loracls.config import Config
@@ -22,6 +23,7 @@ from loracls.runs import (
     BaselineRecord,
     BaselineSummary,
     EncoderRecord,
+    EnsembleRecord,
     Metrics,
     SkippedBaseline,
     TfidfRecord,
@@ -29,7 +31,7 @@ from loracls.runs import (
 )
 from loracls.verdict import LadderRow, Verdict, decide, format_table
 
-__all__ = ["Ladder", "RUNGS", "rungs_of", "run_ladder", "zero_shot_skip_reason", "verdict_of", "say_verdict"]
+__all__ = ["Ladder", "RUNGS", "ensemble_of", "ensemble_row", "rungs_of", "run_ladder", "zero_shot_skip_reason", "verdict_of", "say_verdict"]
 
 
 @dataclass
@@ -42,6 +44,13 @@ class Ladder:
     skipped: list[SkippedBaseline] = field(default_factory=list)
     untrained: UntrainedRecord | None = None  # label_words: the run's own prompt, the adapter disabled
     head: Metrics | None = None  # label_words: the classification-head LoRA on the same split (its own run)
+    ensemble: EnsembleRecord | None = None  # LoRA and the strongest encoder blended (after LoRA is trained)
+
+    def strongest_encoder(self) -> tuple[int, EncoderRecord] | None:
+        """The encoder chosen on validation (its index among the run's encoders), or None."""
+        if not self.encoders:
+            return None
+        return max(enumerate(self.encoders), key=lambda pair: pair[1].validation_score)
 
     def summary(self) -> BaselineSummary:
         out = BaselineSummary(skipped=list(self.skipped))
@@ -51,7 +60,7 @@ class Ladder:
         if self.tfidf is not None:
             out.tfidf_accuracy, out.tfidf_macro_f1 = self.tfidf.test.accuracy, self.tfidf.test.macro_f1
         if self.encoders:  # the strongest, chosen on validation
-            strongest = max(self.encoders, key=lambda record: record.validation_score)
+            _, strongest = self.strongest_encoder()
             out.encoder_accuracy, out.encoder_macro_f1 = strongest.test.accuracy, strongest.test.macro_f1
         return out
 
@@ -100,14 +109,19 @@ def run_ladder(setup: Setup, tokenizer, run: Path | None, rungs: list[str], own:
         ladder.tfidf = _cached(run, runs.TFIDF, runs.read_tfidf, lambda: run_tfidf(dataset, config.seed, log))
     if "encoder" in rungs:
         for index, spec in enumerate(encoder_specs(config, setup.runtime)):
-            ladder.encoders.append(
-                _cached(
+            folder = None if run is None else run / runs.encoder_folder(index)
+            try:
+                record = _cached(
                     run,
                     runs.encoder_file(index),
                     lambda run, index=index: runs.read_encoder(run, index),
-                    lambda spec=spec: run_encoder(dataset, config, setup.runtime, spec, log),
+                    lambda spec=spec: run_encoder(dataset, config, setup.runtime, spec, log, save_to=folder),
                 )
-            )
+            except EncoderSkipped as skipped:
+                log(f"baseline: {skipped}")
+                ladder.skipped.append(SkippedBaseline(f"encoder {spec}", str(skipped)))
+                continue
+            ladder.encoders.append(record)
     return ladder
 
 
@@ -130,6 +144,31 @@ def _zero_shot(setup: Setup, tokenizer, run: Path | None) -> BaselineRecord:
             [row.to_json() for row in prediction_rows(test.texts, test.labels, plain, dataset.id2label, Decision())],
         )
     return result
+
+
+def ensemble_of(ladder: Ladder | None, run: Path, dataset, select_by: str, lora: dict, log) -> None:
+    """The ensemble rung, once LoRA's calibrated probabilities exist (`lora`: split -> probabilities): the
+    strongest encoder's saved probabilities blended with them (ensemble.json; a resumed run reads it)."""
+    strongest = ladder.strongest_encoder() if ladder is not None else None
+    if strongest is None or strongest[1].saved is None:
+        return
+    if (run / runs.ENSEMBLE).is_file():
+        ladder.ensemble = runs.read_ensemble(run)
+        return
+    index, record = strongest
+    other = read_encoder_probabilities(run / runs.encoder_folder(index))
+    if other is None or other["test"].shape != lora["test"].shape:
+        log(f"ensemble: skipped: the encoder's probabilities in {run / runs.encoder_folder(index)} cannot be read")
+        return
+    ladder.ensemble = fit_ensemble(dataset, select_by, record.model, lora, other)
+    if ladder.ensemble is None:
+        log("ensemble: no blend helps on validation (the best weight is one model alone): no ensemble row")
+        return
+    runs.write_record(run / runs.ENSEMBLE, ladder.ensemble)
+    log(
+        f"ensemble: LoRA x {ladder.ensemble.weight:g} + encoder {record.model} x {1 - ladder.ensemble.weight:g} "
+        f"(chosen on validation): test {dataset.kind.accuracy_name} {ladder.ensemble.test.accuracy:.4f}"
+    )
 
 
 def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by: str) -> Verdict:
@@ -170,11 +209,40 @@ def verdict_of(ladder: Ladder | None, lora: LadderRow, examples: int, select_by:
             )
         )
     several = len(ladder.encoders) > 1
+    encoder_rows = []
     for enc in ladder.encoders:
         detail = f"{enc.model} fine-tuned, lr {enc.learning_rate:g}, best epoch {enc.best_epoch} of {enc.epochs}"
-        name = f"encoder {enc.model}" if several else "encoder"
-        rows.append(encoder_row(enc, name, detail + (" (still improving)" if enc.still_improving else "")))
-    return decide(rows + [lora], examples, select_by)
+        name = f"encoder {enc.model}" if several or enc.model in ("mpnet-base", "minilm") else "encoder"
+        notes = (" (still improving)" if enc.still_improving else "") + (
+            " (stopped by encoder_budget_s)" if enc.budget_stop else ""
+        )
+        encoder_rows.append(encoder_row(enc, name, detail + notes))
+    rows += encoder_rows + [lora]
+    if ladder.ensemble is not None:
+        index, _ = ladder.strongest_encoder()
+        rows.append(ensemble_row(ladder.ensemble, lora, encoder_rows[index]))
+    verdict = decide(rows, examples, select_by)
+    verdict.notes = [skip.reason for skip in ladder.skipped if skip.name.startswith("encoder")]
+    return verdict
+
+
+def _sum(a, b):
+    return None if a is None or b is None else a + b
+
+
+def ensemble_row(record: EnsembleRecord, lora: LadderRow, encoder: LadderRow) -> LadderRow:
+    """The blend's row: its test scores; its cost is both members' (train time and parameters add up, and a
+    text passes through both models: 1 / (1/a + 1/b) texts per second)."""
+    speeds = [lora.texts_per_second, encoder.texts_per_second]
+    return LadderRow(
+        f"ensemble (LoRA + {record.encoder})",
+        record.test.accuracy,
+        record.test.macro_f1,
+        train_seconds=_sum(lora.train_seconds, encoder.train_seconds),
+        texts_per_second=None if None in speeds or 0 in speeds else 1 / (1 / speeds[0] + 1 / speeds[1]),
+        parameters=_sum(lora.parameters, encoder.parameters),
+        detail=f"calibrated probabilities averaged, LoRA x {record.weight:g} (chosen on validation)",
+    )
 
 
 def encoder_row(record: EncoderRecord, name: str, detail: str) -> LadderRow:

@@ -28,7 +28,7 @@ from loracls.errors import Log, quiet
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_run
 from loracls.inference.model_card import write_cards
-from loracls.jobs.ladder import Ladder, run_ladder, rungs_of, say_verdict, verdict_of, zero_shot_skip_reason
+from loracls.jobs.ladder import Ladder, ensemble_of, run_ladder, rungs_of, say_verdict, verdict_of, zero_shot_skip_reason
 from loracls.jobs.preflight import preflight
 from loracls.model.scorers import Built, Scorer, Setup, scorer_for
 from loracls.model.scoring import check_finite_forward
@@ -82,7 +82,9 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     if not distributed.is_main():
         return job.run
     decision, calibration = _decide(job, logits)
-    test, comments = _test(job, decision.probabilities(logits["test"]), decision)
+    calibrated = {name: decision.probabilities(values) for name, values in logits.items()}
+    ensemble_of(ladder, job.run, job.setup.dataset, job.config.select_by, calibrated, job.log)
+    test, comments = _test(job, calibrated["test"], decision)
     summary = _model_summary(job)
     job.built.model = None  # the export starts from the saved adapter
     export = export_run(job.setup, job.scorer, job.built, job.run) if job.config.merge else None
