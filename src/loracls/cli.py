@@ -31,8 +31,7 @@ def _quiet_libraries() -> None:
 
 
 def cmd_train(args) -> None:
-    from loracls.config_reader import config_help, load_config
-    from loracls.jobs.train import train
+    from loracls.config_reader import config_help, load_config, read_run_config
 
     if args.help_config:
         print(config_help(), end="")
@@ -40,12 +39,22 @@ def cmd_train(args) -> None:
     if args.resume:
         if args.config or args.set:
             raise LoraclsError("--resume takes the run's own config; give no CONFIG or --set with it")
+        if Path(args.resume, "config.yaml").is_file():
+            read_run_config(Path(args.resume))  # a damaged config refused before torch loads
+        _quiet_libraries()
+        from loracls.jobs.train import train
+
         train(None, log, resume=args.resume)
         return
-    train(load_config(args.config, args.set), log)
+    config = load_config(args.config, args.set)  # read and checked before torch loads
+    _quiet_libraries()
+    from loracls.jobs.train import train
+
+    train(config, log)
 
 
 def cmd_evaluate(args) -> None:
+    _run_config_first(args.run)
     from loracls.files import json_line
     from loracls.inference.loaded import evaluate
     from loracls.runs import to_dict
@@ -196,25 +205,29 @@ def cmd_doctor(args) -> int:
 
 def cmd_baseline(args) -> None:
     from loracls.config_reader import load_config
+
+    config = load_config(args.config, args.set)
+    _quiet_libraries()
     from loracls.files import json_line
     from loracls.jobs.train import baseline
 
-    print(json_line(baseline(load_config(args.config, args.set), log)))
+    print(json_line(baseline(config, log)))
 
 
 def cmd_sweep(args) -> None:
     from loracls.config_reader import load_config
+
+    config = load_config(args.config, args.set)
+    _quiet_libraries()
     from loracls.diagnostics.sweep import parse_grid, run_sweep
     from loracls.jobs.train import train
 
     grid = parse_grid(args.grid)
-    print(run_sweep(load_config(args.config, args.set), grid, train, log, _ray_options(args)))
+    print(run_sweep(config, grid, train, log, _ray_options(args)))
 
 
 def cmd_tune(args) -> None:
     from loracls.config_reader import load_config
-    from loracls.jobs.train import train
-    from loracls.jobs.tune import Tuning, parse_space, run_tune
 
     if args.trials < 1:
         raise LoraclsError("tune: --trials must be >= 1")
@@ -223,6 +236,10 @@ def cmd_tune(args) -> None:
     if len(set(names)) != len(names):
         raise LoraclsError(f"tune: config files need distinct names, got {', '.join(names)}")
     bases = [load_config(c, args.set) for c in configs]
+    _quiet_libraries()
+    from loracls.jobs.train import train
+    from loracls.jobs.tune import Tuning, parse_space, run_tune
+
     dims = parse_space(args.space)
     print(run_tune(Tuning.of(bases, names, dims, train, log), args.trials, _ray_options(args)))
 
@@ -243,6 +260,7 @@ def _ray_options(args):
 
 
 def cmd_distill(args) -> None:
+    _run_config_first(args.run)
     from loracls import runs
     from loracls.diagnostics.report import REPORT, write_report
     from loracls.jobs.distill import DistillOptions, distill
@@ -307,6 +325,18 @@ COMMANDS = {
 }
 
 
+CONFIG_FIRST = {"train", "baseline", "sweep", "tune", "evaluate", "distill"}  # read their config before torch
+
+
+def _run_config_first(run: str) -> None:
+    """A run's config.yaml (where the folder is a run) checked before the heavy libraries load."""
+    from loracls.config_reader import read_run_config
+
+    if Path(run, "config.yaml").is_file():
+        read_run_config(Path(run))
+    _quiet_libraries()
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -314,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         print(capped(f"loracls: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        _quiet_libraries()
+        if args.command not in CONFIG_FIRST:
+            _quiet_libraries()
         code = COMMANDS[args.command](args)
     except LoraclsError as exc:
         print(capped(f"loracls: {exc}"), file=sys.stderr)

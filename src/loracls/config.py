@@ -14,11 +14,11 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from loracls.errors import LoraclsError, shown
-from loracls.problems import PROBLEMS
+from loracls.errors import LoraclsError, hidden_character, shown
+from loracls.problem_names import PROBLEM_SUMMARIES
 
 # the problem names are the registry's (problems/): a new Problem registered is a new value here
-ProblemName = Literal[tuple(PROBLEMS)]  # type: ignore[valid-type]
+ProblemName = Literal[tuple(PROBLEM_SUMMARIES)]  # type: ignore[valid-type]
 
 EMBEDDED_MODEL = "embedded:gemma3-270m"
 EMBEDDED_DATA = "embedded:rotten_tomatoes"
@@ -31,6 +31,10 @@ def _help(default, text: str, **constraints):
     if callable(default):
         return Field(default_factory=default, description=text, **constraints)
     return Field(default, description=text, **constraints)
+
+
+MAX_STEPS = 10**9  # optimizer steps: years of a GPU; larger numbers are typos
+MAX_EPOCHS = 10_000  # beyond this a plan is not meant: early stopping would be the only end (1e30: accepted once)
 
 
 @dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False))
@@ -46,7 +50,7 @@ class Config:
     label_column: str = _help("label", "the column that holds the label (multi_label: the label set)")
     labels: list[str] | None = _help(None, "label names in id order; default: sorted names found in the data")
     problem: ProblemName = _help(
-        "single_label", "; ".join(f"{name}: {kind.summary}" for name, kind in PROBLEMS.items())
+        "single_label", "; ".join(f"{name}: {summary}" for name, summary in PROBLEM_SUMMARIES.items())
     )
     label_separator: str | None = _help(None, 'multi_label: splits a text label cell ("a|b"); lists need none')
     comment_column: str | None = _help(None, "label_and_comment: the column that holds each text's reference comment")
@@ -122,15 +126,18 @@ class Config:
     micro_batch_tokens: int | None = _help(
         None, "padded tokens a forward/backward at most (same gradient); null: 2048 on CPU, no cap on GPU", ge=8
     )
-    epochs: int = _help(3, "passes over the training split", ge=1)
+    epochs: int = _help(3, "passes over the training split", ge=1, le=MAX_EPOCHS)
     extend_epochs: int = _help(
-        2, "while the last validation of the plan is still the best, up to this many more epochs (0: never)", ge=0
+        2,
+        "while the last validation of the plan is still the best, up to this many more epochs (0: never)",
+        ge=0,
+        le=MAX_EPOCHS,
     )
-    max_steps: int | None = _help(None, "optimizer steps at most; null: epochs decide", ge=1)
+    max_steps: int | None = _help(None, "optimizer steps at most; null: epochs decide", ge=1, le=MAX_STEPS)
     min_steps: int | None = _help(
-        100, "optimizer steps at least (a small data set repeats epochs); null: epochs decide", ge=1
+        100, "optimizer steps at least (a small data set repeats epochs); null: epochs decide", ge=1, le=MAX_STEPS
     )
-    warmup_steps: int = _help(100, "linear warmup steps, at most a quarter of the run", ge=0)
+    warmup_steps: int = _help(100, "linear warmup steps, at most a quarter of the run", ge=0, le=MAX_STEPS)
     scheduler: Literal["cosine", "linear", "constant"] = _help("cosine", "the learning rate after warmup")
     max_grad_norm: float = _help(1.0, "gradient clipping norm", ge=0.0)
     class_weights: str | dict[str, float] = _help(
@@ -182,7 +189,10 @@ class Config:
         "wheels are installed (CPU too), else minilm",
     )
     encoder_epochs: int = _help(
-        10, "the most epochs an encoder trains (it stops earlier on encoder_patience); the best epoch is kept", ge=1
+        10,
+        "the most epochs an encoder trains (it stops earlier on encoder_patience); the best epoch is kept",
+        ge=1,
+        le=MAX_EPOCHS,
     )
     encoder_patience: int | None = _help(
         2, "epochs without a better validation score before an encoder stops; null: all encoder_epochs", ge=1
@@ -227,6 +237,9 @@ class Config:
             raise LoraclsError(f"config: verbalizers must map each label to a word; empty for {', '.join(empty)}")
         if self.labels is not None and len(set(self.labels)) != len(self.labels):
             raise LoraclsError("config: labels has duplicates")
+        for name in self.labels or []:
+            if hidden := hidden_character(name):
+                raise LoraclsError(f"config: label {shown(name)} holds {hidden}; labels must be printable text")
         if self.run_name is not None:
             check_run_name(self.run_name)
         self._check_class_weights()
@@ -291,6 +304,12 @@ SAFE_NAME = re.compile(r"[^/\\\x00]+")
 
 def check_run_name(name: str) -> str:
     """A run name is one folder inside output_dir: no path separators, not '.' or '..'."""
+    hidden = hidden_character(name)
+    if hidden:
+        raise LoraclsError(
+            f"config: run_name {shown(name)} holds {hidden}: a control or formatting character would make a "
+            f"folder that prints as another name"
+        )
     if not SAFE_NAME.fullmatch(name) or name in (".", "..") or name != name.strip():
         raise LoraclsError(
             f"config: run_name {shown(name)} must be a plain folder name (no '/', '\\', '..' or "

@@ -182,6 +182,7 @@ def _allowed(key: str) -> str:
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; past a MiB it is not a config
+MAX_DEPTH = 32  # a config nests a mapping of lists or mappings: two or three levels; 5,000 overflow the stack
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -190,6 +191,7 @@ class _ConfigLoader(yaml.SafeLoader):
     before anything is expanded; a key given twice in one mapping is refused with both lines."""
 
     where = "config"
+    depth = 0
 
     def compose_node(self, parent, index):
         event = self.peek_event()
@@ -198,7 +200,16 @@ class _ConfigLoader(yaml.SafeLoader):
                 f"{self.where}, line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name) are "
                 f"not read in a config; write the value out"
             )
-        return super().compose_node(parent, index)
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise LoraclsError(
+                    f"{self.where}, line {event.start_mark.line + 1}: values nested more than {MAX_DEPTH} deep; a "
+                    f"config is a mapping of names to values and short lists"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -206,6 +217,8 @@ class _ConfigLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
                 raise LoraclsError(f"{self.where}, line {line}: the YAML merge key << is not read in a config")
+            if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]`, `{a: 1}: b`: a key that is no name
+                raise LoraclsError(f"{self.where}, line {line}: a key must be a name, got a YAML {key_node.id}")
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise LoraclsError(
@@ -264,3 +277,14 @@ def _type_words(hint) -> str:
     arms = [a for a in typing.get_args(base) if a is not type(None)] if isinstance(base, types.UnionType) else [base]
     words = [f"list of {_name(typing.get_args(a)[0])}" if typing.get_origin(a) is list else _name(a) for a in arms]
     return " or ".join(words) + (" or null" if optional else "")
+
+
+def read_run_config(run: Path) -> Config:
+    """The Config a run was made with (its config.yaml), checked like any other config (without importing
+    torch: a command that takes a run refuses a damaged config before the heavy libraries load)."""
+    path = Path(run) / "config.yaml"
+    values = read_mapping(path, "run file")
+    try:
+        return from_dict(values)
+    except LoraclsError as exc:
+        raise LoraclsError(f"{path}: {exc}") from None

@@ -2,6 +2,7 @@
 value (`shown`) and how long it may be (`capped`)."""
 
 import reprlib
+import unicodedata
 from typing import Protocol
 
 
@@ -56,3 +57,13 @@ def capped(message: str) -> str:
         if len(line) <= MESSAGE_CHARACTERS
         else line[: MESSAGE_CHARACTERS - 40] + f" ... ({len(line):,} characters)"
     )
+
+
+def hidden_character(text: str) -> str | None:
+    """The first control (a newline, NUL) or invisible formatting character (a bidi override such as U+202E,
+    a zero-width space) in `text`, as "U+XXXX (NAME)"; None where there is none. Names shown to people
+    (labels, run folders) must not hold one: it breaks a table's rows or makes a name print as another."""
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf"):
+            return f"U+{ord(ch):04X} ({unicodedata.name(ch, 'a control character')})"
+    return None

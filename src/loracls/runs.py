@@ -188,12 +188,7 @@ def write_labels(run: Path, id2label: dict[int, str]) -> None:
 
 def read_config(run: Path):
     """The Config a run was made with (its config.yaml), checked like any other config."""
-    path = Path(run) / CONFIG
-    values = read_mapping(path, "run file")
-    try:
-        return from_dict(values)
-    except LoraclsError as exc:
-        raise LoraclsError(f"{path}: {exc}") from None
+    return read_run_config(run)
 
 
 def write_config(run: Path, config) -> None:

@@ -308,9 +308,7 @@ def run_encoder(
     model is saved there ready to ship (weights, tokenizer, its decision) with its calibrated probabilities
     on validation and test (the ensemble row blends them with LoRA's)."""
     make_fit = functools.partial(EncoderFit, dataset, config, runtime, log, spec)
-    fitted = fit_best(
-        [(make_fit, rate) for rate in learning_rates(config, spec)], config.seed, config.encoder_budget_s
-    )
+    fitted = fit_best([(make_fit, rate) for rate in learning_rates(config, spec)], config.seed, config.encoder_budget_s)
     record = encoder_record(fitted, spec, config)
     if save_to is not None:
         save_encoder(fitted, save_to)

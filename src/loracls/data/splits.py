@@ -15,7 +15,7 @@ import pandas as pd
 
 from loracls.data.spec import DataSpec
 from loracls.data.tables import read_table
-from loracls.errors import LoraclsError
+from loracls.errors import LoraclsError, hidden_character
 from loracls.problems import Problem, problem_for
 
 OVERLAP_LIMIT = 0.01  # given splits may share at most this share of an evaluation split's texts with train
@@ -90,6 +90,27 @@ def _clean(frame: pd.DataFrame, spec: DataSpec, source: str, notes: list[str]) -
 def _names_in(frame: pd.DataFrame, kind: Problem) -> set[str]:
     """Every label name a cleaned table uses."""
     return {name for cell in frame["label"] for name in kind.names_in(cell)}
+
+
+MAX_CLASS_SHARE = 0.5  # classes per row at most: each class must reach the training, validation and test splits
+
+
+def _refuse_too_many_classes(names: list[str], rows: int, source: str) -> None:
+    """A label column that is an id or free text (as many classes as rows) is refused before any work: every
+    class needs examples in each split, and a 10,000-class confusion matrix is not a report."""
+    if len(names) > max(2, int(MAX_CLASS_SHARE * rows)):
+        raise LoraclsError(
+            f"{source}: {len(names):,} distinct labels in {rows:,} rows (at most {MAX_CLASS_SHARE:g} a row): is "
+            f"the label column an id or free text? set label_column to the column of classes"
+        )
+
+
+def check_label_characters(names, source: str) -> None:
+    """Label names are printed in tables, cards and served JSON: a control character (a newline, NUL) or an
+    invisible formatting one (a bidi override like U+202E, a zero-width space) would break or disguise them."""
+    for name in names:
+        if hidden := hidden_character(str(name)):
+            raise LoraclsError(f"{source}: label {str(name)[:40]!r} holds {hidden}; labels must be printable text")
 
 
 def _refuse_case_twins(names: set[str], source: str) -> None:
@@ -241,6 +262,8 @@ def load_dataset(spec: DataSpec) -> Dataset:
     kind = problem_for(spec.problem)
     train_frame = _read_checked(spec.data, spec, notes)
     names = _label_names(spec, train_frame, spec.data)
+    check_label_characters(names, spec.data)
+    _refuse_too_many_classes(names, len(train_frame), spec.data)
     _refuse_case_twins(set(names), "config labels")
     given = spec.given_splits
     if given and (spec.validation_data is None or spec.test_data is None):

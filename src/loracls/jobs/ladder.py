@@ -31,7 +31,17 @@ from loracls.runs import (
 )
 from loracls.verdict import LadderRow, Verdict, decide, format_table
 
-__all__ = ["Ladder", "RUNGS", "ensemble_of", "ensemble_row", "rungs_of", "run_ladder", "zero_shot_skip_reason", "verdict_of", "say_verdict"]
+__all__ = [
+    "Ladder",
+    "RUNGS",
+    "ensemble_of",
+    "ensemble_row",
+    "rungs_of",
+    "run_ladder",
+    "zero_shot_skip_reason",
+    "verdict_of",
+    "say_verdict",
+]
 
 
 @dataclass

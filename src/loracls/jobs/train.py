@@ -28,7 +28,15 @@ from loracls.errors import Log, quiet
 from loracls.hardware import Runtime, environment_record, precision_reason, setup_runtime
 from loracls.inference.export import export_run
 from loracls.inference.model_card import write_cards
-from loracls.jobs.ladder import Ladder, ensemble_of, run_ladder, rungs_of, say_verdict, verdict_of, zero_shot_skip_reason
+from loracls.jobs.ladder import (
+    Ladder,
+    ensemble_of,
+    run_ladder,
+    rungs_of,
+    say_verdict,
+    verdict_of,
+    zero_shot_skip_reason,
+)
 from loracls.jobs.preflight import preflight
 from loracls.model.scorers import Built, Scorer, Setup, scorer_for
 from loracls.model.scoring import check_finite_forward

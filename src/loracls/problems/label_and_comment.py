@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from loracls.errors import LoraclsError
+from loracls.problem_names import PROBLEM_SUMMARIES
 from loracls.problems.base import register
 from loracls.problems.single_label import SingleLabel
 
@@ -67,7 +68,7 @@ def _looks_like_a_set(cell) -> bool:
 @register
 class LabelAndComment(SingleLabel):
     name = "label_and_comment"
-    summary = "one label a text, scored by the causal LM, and a short generated comment"
+    summary = PROBLEM_SUMMARIES["label_and_comment"]
     hf_problem_type = "single_label_classification"  # not a classifier: the merged model is the causal LM
     zero_shot_unsupported = None
     scorer = "label_words"

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from loracls.errors import LoraclsError, shown
 from loracls.metrics import MultiLabelMetrics, multilabel_metrics
+from loracls.problem_names import PROBLEM_SUMMARIES
 from loracls.problems.base import Decision, Problem, register
 
 THRESHOLD_GRID = np.round(np.arange(0.05, 0.96, 0.05), 2)  # candidate per-label thresholds
@@ -117,7 +118,7 @@ def _check_one_format(cells, source: str) -> None:
 @register
 class MultiLabel(Problem):
     name = "multi_label"
-    summary = "a set, maybe empty (sigmoid)"
+    summary = PROBLEM_SUMMARIES["multi_label"]
     hf_problem_type = "multi_label_classification"
     accuracy_name = "subset accuracy"
     score_names = ("subset accuracy", "micro F1", "macro F1")

@@ -10,13 +10,14 @@ import torch.nn.functional as F
 from loracls.calibration import CalibrationRecord, calibrate, reliability, softmax
 from loracls.errors import LoraclsError
 from loracls.metrics import ClassificationMetrics, classification_metrics
+from loracls.problem_names import PROBLEM_SUMMARIES
 from loracls.problems.base import Decision, Problem, register
 
 
 @register
 class SingleLabel(Problem):
     name = "single_label"
-    summary = "one label a text (softmax)"
+    summary = PROBLEM_SUMMARIES["single_label"]
     hf_problem_type = "single_label_classification"
     accuracy_name = "accuracy"
     score_names = ("accuracy", "macro F1")
