@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from loracls import files
 from loracls.config import check_run_name
-from loracls.config_reader import from_dict, read_mapping
+from loracls.config_reader import read_run_config
 from loracls.errors import LoraclsError
 from loracls.hardware import Environment
 from loracls.problems import Decision

@@ -88,8 +88,8 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
         gap = 100 * (_score(best, metric) - _score(ship, metric))
         return (
             f"a tie: {_called(best)} is {gap:.1f} points of {words} ahead of {_called(ship)}, inside this test "
-            f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(best)} costs {_cost_ratio(best, ship)} "
-            f"{_owner(ship)} cost per text)"
+            f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(best)} costs "
+            f"{_cost_ratio(best, ship)} {_owner(ship)} cost per text)"
         )
     runner_up = max(others, key=lambda r: _score(r, metric))
     gap = 100 * (_score(ship, metric) - _score(runner_up, metric))

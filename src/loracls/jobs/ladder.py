@@ -125,7 +125,9 @@ def run_ladder(setup: Setup, tokenizer, run: Path | None, rungs: list[str], own:
                     run,
                     runs.encoder_file(index),
                     lambda run, index=index: runs.read_encoder(run, index),
-                    lambda spec=spec: run_encoder(dataset, config, setup.runtime, spec, log, save_to=folder),
+                    lambda spec=spec, folder=folder: run_encoder(
+                        dataset, config, setup.runtime, spec, log, save_to=folder
+                    ),
                 )
             except EncoderSkipped as skipped:
                 log(f"baseline: {skipped}")
