@@ -127,7 +127,13 @@ def cmd_serve(args) -> None:
     else:  # a run directory or a merged model directory; label_and_comment: labels scored, comments written
         classifier = engine_for(args.run[0], _engine_options(args, args.max_batch_size), log)
     limits = ServeLimits(
-        args.max_batch_size, args.max_wait_ms, args.max_queue, args.max_body_bytes, args.max_client_batch_size
+        args.max_batch_size,
+        args.max_wait_ms,
+        args.max_queue,
+        args.max_body_bytes,
+        args.max_client_batch_size,
+        args.max_connections,
+        args.header_timeout,
     )
     serve(classifier, sock, limits, log)
 

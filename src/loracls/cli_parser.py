@@ -15,6 +15,21 @@ def _whole(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+def _whole_between(low: int, high: int):
+    """An argparse type: a whole number from low to high."""
+
+    def whole(text: str) -> int:
+        value = _whole(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return whole
+
+
+MAX_AUGMENT = 100  # variants of each training text: beyond this the teacher labels millions of near-copies
+
+
 def _positive(text: str) -> int:
     value = _whole(text)
     if value < 1:
@@ -142,7 +157,13 @@ def _run_commands(sub) -> None:
     p.add_argument("--student-layers", type=_positive, help="keep N of the student's layers (spread evenly): cheaper")
     p.add_argument("--unlabeled", metavar="FILE", help="texts the teacher labels too (CSV/JSONL/Parquet/TXT)")
     p.add_argument("--max-unlabeled", type=int, default=10_000, help="at most N unlabeled texts (a seeded draw)")
-    p.add_argument("--augment", type=int, default=0, metavar="K", help="K variants of each training text, taught too")
+    p.add_argument(
+        "--augment",
+        type=_whole_between(0, MAX_AUGMENT),
+        default=0,
+        metavar="K",
+        help=f"K variants of each training text, taught too (0 to {MAX_AUGMENT})",
+    )
     p.add_argument("--weights", default="0.5,1.0", help="the teacher's share of the loss: each tried, best kept")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (> 1: softer targets)")
     p.add_argument("--learning-rate", type=float, help="default: the rate the run's encoder baseline chose")
@@ -197,6 +218,18 @@ def _ship_commands(sub) -> None:
         help="texts in one request at most (TEI's name and default); more get 413",
     )
     p.add_argument("--max-body-bytes", type=_positive, default=4 * 2**20, help="larger request bodies get 413")
+    p.add_argument(
+        "--max-connections",
+        type=_positive,
+        help="open connections at most; at the limit the oldest that has sent nothing is closed (default: the "
+        "open-file limit less 64)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=_number_between(0.1, 3600, "seconds"),
+        default=10.0,
+        help="a connection that sends nothing for this many seconds is closed (default 10)",
+    )
     _inference_options(p)
 
     p = sub.add_parser("export", help="export a run: ONNX (checked with onnxruntime) or the merged model again")

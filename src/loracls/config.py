@@ -98,7 +98,9 @@ class Config:
         False, "switch the family's attention to bidirectional (Gemma 3 / 4 have the switch); with pooling: mean"
     )
     # --- LoRA (PEFT's names) ---
-    r: int = _help(8, "LoRA rank (the adapter matrices' inner size)", ge=1)
+    r: int = _help(
+        8, "LoRA rank (the adapter matrices' inner size; at most a targeted module's narrower side)", ge=1, le=65536
+    )
     lora_alpha: float = _help(
         16.0, "LoRA scaling: alpha / sqrt(r) multiplies the update (rslora), alpha / r with lora_variant: lora", gt=0.0
     )

@@ -21,6 +21,11 @@ class LoraclsError(Exception):
     """Bad input or a refused setup. The CLI prints `loracls: <message>` and exits with code 2."""
 
 
+class NoTokens(LoraclsError):
+    """A text the run's tokenizer turns into no tokens (e.g. only characters its normalizer drops): the model
+    would read nothing. Refused at every entry: train, predict, evaluate, distill, and HTTP 422 when served."""
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first non-empty line of an exception's message (its type name when it has none)."""
     text = str(exc).strip()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loracls.errors import LoraclsError
+from loracls.errors import LoraclsError, NoTokens, shown
 from loracls.problems import Problem
 
 
@@ -137,10 +137,18 @@ class TextEncoder:
         return self.prefix + list(window) + self.suffix
 
     def encode(self, texts: list[str]) -> Encoded:
+        """Token ids under the long_text policy; a text with no tokens of its own is refused (NoTokens), never
+        scored as the bare special tokens or the template (a silent 0.5 / 0.5, or a reshape error)."""
+        pieces = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        empty = [i for i, text_ids in enumerate(pieces) if not text_ids]
+        if empty:
+            raise NoTokens(
+                f"{len(empty)} of {len(texts)} texts encode to no tokens, e.g. text {empty[0]}: "
+                f"{shown(texts[empty[0]])}: the model would read nothing"
+            )
         if self.long_text == "truncate":
             ids, long = encode_with_truncation(self.tokenizer, texts, self.max_length, self.template)
             return Encoded(ids, list(range(len(texts))), long)
-        pieces = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         plain, long = encode_with_truncation(self.tokenizer, texts, self.max_length, self.template)
         ids, owner = [], []
         for i, (text_ids, is_long) in enumerate(zip(pieces, long)):

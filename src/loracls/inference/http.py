@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 
 from loracls.errors import LoraclsError, first_line
 
-__all__ = ["error", "ServerMetrics", "BodyLimit", "BACKLOG", "bound_socket"]
+__all__ = ["error", "ServerMetrics", "BodyLimit", "BACKLOG", "bound_socket", "idle_guarded", "raise_open_files"]
 
 
 def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
@@ -89,3 +89,63 @@ def bound_socket(host: str, port: int):
         sock.close()
         raise LoraclsError(f"serve: cannot listen on {host}:{port}: {exc.strerror or first_line(exc)}") from None
     return sock
+
+
+HEADER_TIMEOUT_S = 10.0  # a connection that sends no byte for this long is closed (nginx: client_header_timeout)
+FD_RESERVE = 64  # descriptors kept free for the model's files, logs and the next accept
+
+
+def raise_open_files() -> int:
+    """The soft limit of open descriptors raised to the hard one (as servers do at start); returns it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
+
+
+def idle_guarded(max_connections: int, header_timeout_s: float = HEADER_TIMEOUT_S):
+    """uvicorn's HTTP protocol class with two guards against connections that send nothing (1,100 of them
+    once took every descriptor, and no request was answered): one that sends no byte within
+    `header_timeout_s` is closed, and at `max_connections` open ones the oldest silent connection is closed to
+    make room, so a real request (or /health) always gets in."""
+    import asyncio
+    from collections import OrderedDict
+
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    silent: OrderedDict = OrderedDict()  # connections that have not sent a byte, oldest first
+    open_count = [0]
+
+    class IdleGuarded(AutoHTTPProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            open_count[0] += 1
+            while open_count[0] > max_connections and silent:
+                oldest, _ = silent.popitem(last=False)
+                oldest._close_silent()
+            super().connection_made(transport)
+            silent[self] = asyncio.get_running_loop().call_later(header_timeout_s, self._close_silent)
+
+        def data_received(self, data: bytes) -> None:
+            timer = silent.pop(self, None)
+            if timer is not None:
+                timer.cancel()
+            super().data_received(data)
+
+        def connection_lost(self, exc) -> None:
+            open_count[0] -= 1
+            timer = silent.pop(self, None)
+            if timer is not None:
+                timer.cancel()
+            super().connection_lost(exc)
+
+        def _close_silent(self) -> None:
+            timer = silent.pop(self, None)
+            if timer is not None:
+                timer.cancel()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return IdleGuarded

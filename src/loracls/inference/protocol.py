@@ -128,6 +128,16 @@ class VllmTokenizeRequest(BaseModel):
     model: str | None = Field(None, description="the run whose tokenizer counts (`GET /v1/models`); none: the first")
     add_special_tokens: bool = True
 
+    @field_validator("prompt")
+    @classmethod
+    def _unicode(cls, value: str) -> str:
+        """Valid Unicode (a lone surrogate such as "\\udfff" is a 422, as TEI's shape of the route answers)."""
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"prompt is not valid Unicode (a lone surrogate at character {exc.start})") from None
+        return value
+
 
 class SimpleToken(BaseModel):
     id: int

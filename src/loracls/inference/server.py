@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from loracls.errors import Log, first_line
+from loracls.errors import Log, NoTokens, first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
 
 if TYPE_CHECKING:
@@ -160,12 +160,18 @@ MODEL_QUERY = Query(None, description="the run to ask (`GET /v1/models`); none: 
 MODEL_HEADER = Header(None, description="the same as the `model` query, for clients that set headers")
 
 
+async def encoded_off_loop(classifier, texts: list[str]):
+    """A request's texts tokenized in a worker thread: a large legal request (megabytes of text) must not hold
+    the event loop, so /health and other requests are answered meanwhile."""
+    return await asyncio.to_thread(classifier.encode, texts)
+
+
 @router.post("/classify", response_model_exclude_none=True, responses=ERRORS["classify"])
 async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
     serving = Serving(request)
     classifier = serving.served.pick(body.model)
     texts = serving.texts(body.input)
-    encoded = classifier.encode(texts)
+    encoded = await encoded_off_loop(classifier, texts)
     probs = await serving.probabilities(classifier, encoded)
     items = [_classified(classifier, i, row, body.top_k) for i, row in enumerate(probs)]
     if classifier.writes_comments:  # label_and_comment: generated after the label
@@ -204,7 +210,7 @@ async def root(
 async def _predicted(body: PredictRequest, serving: Serving, model: str | None, nested: bool) -> JSONResponse:
     """TEI's /predict: each text's labels by score (`nested`: a list of lists even for one text)."""
     classifier = serving.served.pick(model)
-    encoded = classifier.encode(serving.texts(body.inputs))
+    encoded = await encoded_off_loop(classifier, serving.texts(body.inputs))
     if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
         raise _InputTooLong(
             f"input {encoded.long.index(True)} is longer than max_length {classifier.max_length} tokens and "
@@ -229,7 +235,7 @@ async def generate(
     if not classifier.writes_comments:
         raise _NotAGenerator(f"`{classifier.name}` is a classifier: /generate serves label_and_comment runs")
     texts, labels = serving.texts(body.inputs), classifier.labels
-    probs = await serving.probabilities(classifier, classifier.encode(texts))
+    probs = await serving.probabilities(classifier, await encoded_off_loop(classifier, texts))
     chosen = classifier.decision.chosen(probs)
     comments = await _comments(classifier, texts, chosen)
     return [
@@ -321,6 +327,7 @@ def _error_handlers(app: FastAPI) -> None:
 # every error of ours that a request can cause -> (HTTP status, TEI's error_type); one place, TEI's pattern
 ERROR_STATUS: dict[type, tuple[int, str]] = {
     TooManyTexts: (413, "Validation"),
+    NoTokens: (422, "Validation"),  # a text that encodes to nothing: named, never a 500 or a silent 0.5
     tokens.BadTokenIds: (422, "Validation"),
     _InputTooLong: (413, "Validation"),
     _NotAGenerator: (404, "NotFound"),
@@ -337,6 +344,9 @@ async def _mapped_error(request: Request, exc: Exception):
     return error(status, kind, message, headers=_RETRY_LATER.get(type(exc)))
 
 
+_APP_LIMITS = ("max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes", "max_client_batch_size")
+
+
 @dataclass(frozen=True)
 class ServeLimits:
     """`loracls serve`'s batching and request limits (create_app's keyword arguments)."""
@@ -346,6 +356,8 @@ class ServeLimits:
     max_queue: int = 4096
     max_body_bytes: int = 4 * 2**20
     max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
+    max_connections: int | None = None  # open connections at most (None: the descriptor limit less a reserve)
+    header_timeout_s: float = 10.0  # a connection that sends nothing this long is closed
 
 
 def serve(classifier, sock, limits: ServeLimits = ServeLimits(), log: Log = print) -> None:
@@ -355,8 +367,19 @@ def serve(classifier, sock, limits: ServeLimits = ServeLimits(), log: Log = prin
 
     import uvicorn
 
-    app = create_app(classifier, **dataclasses.asdict(limits))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30))
+    app = create_app(classifier, **{k: v for k, v in dataclasses.asdict(limits).items() if k in _APP_LIMITS})
+    from loracls.inference.http import FD_RESERVE, idle_guarded, raise_open_files
+
+    connections = limits.max_connections or max(raise_open_files() - FD_RESERVE, 16)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=30,
+            http=idle_guarded(connections, limits.header_timeout_s),
+            timeout_keep_alive=5,  # uvicorn's: a kept-alive connection idle this long after a response is closed
+        )
+    )
     # a SIGTERM / SIGINT before uvicorn's own handlers are in place (it loads, then takes the signals) stops the
     # server as theirs would. After a graceful shutdown uvicorn raises the signal again for the handlers it
     # found: these then only set a flag on a stopped server, and `serve` returns (exit code 0)

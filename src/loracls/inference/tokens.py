@@ -12,6 +12,8 @@ first run); the text is tokenized as given (the run's input template is not appl
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Header, Query, Request
 
 from loracls.inference.protocol import (
@@ -68,11 +70,13 @@ async def tokenize(
     serving = Serving(request)
     if isinstance(body, VllmTokenizeRequest):
         run = serving.served.pick(body.model or model or x_model)
-        ids = run.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
+        encoded = await asyncio.to_thread(run.tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
+        ids = encoded["input_ids"]
         return VllmTokenizeResponse(count=len(ids), max_model_len=run.max_length, tokens=ids)
     run = serving.served.pick(model or x_model)
     texts = serving.texts(body.inputs)
-    return [_tokens(run.tokenizer, text, body.add_special_tokens) for text in texts]
+    # off the event loop: megabytes of text take seconds to tokenize, and /health must answer meanwhile
+    return await asyncio.to_thread(lambda: [_tokens(run.tokenizer, text, body.add_special_tokens) for text in texts])
 
 
 @router.post("/decode", responses=ERRORS["tokenize"])
