@@ -93,3 +93,22 @@ def test_a_tracker_without_its_extra_is_one_line_and_nothing_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["loracls: report_to: mlflow needs its extra: pip install 'loracls[mlflow]'"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("http://127.0.0.1:9", "cannot use the tracking store http://127.0.0.1:9: MlflowException"),
+        ("foo://x", "cannot use the tracking store foo://x"),
+        ("sqlite:////no/such/folder/mlflow.db", "the tracking store sqlite:////no/such/folder/mlflow.db cannot be"),
+    ],
+)
+def test_an_unusable_mlflow_store_is_one_line_before_the_run_dir(
+    uri, message, monkeypatch, tmp_path, capsys, gemma3_dir, data_csv
+):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    out = tmp_path / "runs"
+    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, out), "--set", "report_to=[mlflow]"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("loracls: ")]
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()

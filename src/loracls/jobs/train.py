@@ -48,7 +48,7 @@ from loracls.training import distributed
 from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult
 from loracls.training.plan import describe
-from loracls.training.tracking import Tracking, check_installed, tracking
+from loracls.training.tracking import Tracking, check_usable, tracking
 from loracls.verdict import LORA_ROW, LadderRow
 
 
@@ -149,7 +149,7 @@ def _prepare(config: Config | None, log, resume: str | None, held: contextlib.Ex
     runtime = setup_runtime(config.device, config.precision, config.threads, config.deterministic)
     runtime.device = distributed.local_device(runtime.device)
     preflight(config, runtime)
-    check_installed(config.report_to)
+    check_usable(config.report_to)
     dataset = load_dataset(DataSpec.of(config))
     log("data: class counts\n" + format_counts(dataset))
     scorer = scorer_for(problem_for(config.problem))

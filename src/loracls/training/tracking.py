@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from loracls import files
-from loracls.errors import LoraclsError
+from loracls.errors import LoraclsError, first_line
 
-__all__ = ["Tracker", "TRACKERS", "Tracking", "tracking", "check_installed", "local_store"]
+__all__ = ["Tracker", "TRACKERS", "Tracking", "tracking", "check_installed", "check_usable", "local_store"]
 
 
 class Tracker(Protocol):
@@ -70,6 +70,17 @@ def check_installed(names: list[str]) -> None:
         _needs(MODULES[name], name)
 
 
+def check_usable(names: list[str]) -> None:
+    """Refuse, before the run directory is made, a tracker whose store cannot be used: its extra missing, or
+    (mlflow) a MLFLOW_TRACKING_URI that is unreachable, read-only or of an unknown scheme. One line, asked
+    without retries (mlflow's own would retry an unreachable server for minutes)."""
+    check_installed(names)
+    for name in names:
+        check = getattr(TRACKERS[name], "check", None)
+        if check is not None:
+            check()
+
+
 def local_store(output_dir: Path) -> str:
     """MLflow's store where no MLFLOW_TRACKING_URI is set: SQLite in the output directory (MLflow's file store
     is in maintenance mode and refuses new runs unless told otherwise)."""
@@ -80,6 +91,35 @@ def local_store(output_dir: Path) -> str:
 class MlflowTracker:
     name = "mlflow"
     ID_FILE = "mlflow_run.json"
+
+    @classmethod
+    def check(cls) -> None:
+        """The tracking store named by MLFLOW_TRACKING_URI answers and can be written (the local store, used
+        where none is set, is made inside the output directory with the run)."""
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            return
+        mlflow = _needs("mlflow", cls.name)
+        if uri.startswith("sqlite:///"):
+            path = Path(uri.removeprefix("sqlite:///"))
+            target = path if path.exists() else path.parent
+            if not os.access(target, os.W_OK):
+                raise LoraclsError(f"report_to: mlflow: the tracking store {uri} cannot be written")
+        retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+        kept = {key: os.environ.get(key) for key in retries}
+        os.environ.update(retries)
+        try:
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as exc:  # unreachable, refused, an unknown scheme: whatever the store says, one line
+            raise LoraclsError(
+                f"report_to: mlflow: cannot use the tracking store {uri}: {type(exc).__name__}: {first_line(exc, 160)}"
+            ) from None
+        finally:
+            for key, value in kept.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def __init__(self, run: Path, resumed: bool):
         mlflow = _needs("mlflow", self.name)
