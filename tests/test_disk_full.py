@@ -113,3 +113,38 @@ def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes(trained_runs, gemma
     again = json.loads((run / "metrics.json").read_text())
     first = json.loads((finished / "metrics.json").read_text())
     assert again["test"] == first["test"] and again["export"]["predictions_equal"]
+
+
+def test_a_writer_librarys_own_words_on_a_full_disk_are_read_as_a_full_disk(tmp_path, monkeypatch):
+    from loracls import files as module
+
+    monkeypatch.setattr(module, "_nearly_full", lambda path: True)
+
+    def fill(tmp):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . some words of its own")
+
+    with pytest.raises(LoraclsError, match="no space left on .* while writing the checkpoint"):
+        files.write_file_atomically(tmp_path / "checkpoint.pt", fill, "the checkpoint")
+    monkeypatch.setattr(module, "_nearly_full", lambda path: False)
+    with pytest.raises(RuntimeError, match="some words of its own"):  # a defect elsewhere stays a defect
+        files.write_file_atomically(tmp_path / "checkpoint.pt", fill, "the checkpoint")
+
+
+def test_a_disk_full_in_the_first_chunk_of_a_streamed_predict_is_resumable(trained_runs, tmp_path, small_tmpfs, capsys):
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    big = tmp_path / "big.csv"
+    big.write_text("text\n" + "".join(f"good film number {i} of the week\n" for i in range(3000)))
+    disk = small_tmpfs(16 * 1024)
+    out = disk / "p.jsonl"
+    run = str(trained_runs["gemma3"])
+    assert main(["predict", run, "--file", str(big), "--out", str(out), "--chunk-rows", "1000"]) == 2
+    assert "no space left" in capsys.readouterr().err
+    assert not out.exists() or out.with_name("p.jsonl.progress.json").is_file()  # never a cut file alone
+    small_tmpfs(16 * 2**20)
+    if out.exists():
+        assert main(["predict", run, "--file", str(big), "--out", str(out), "--resume", "--chunk-rows", "1000"]) == 0
+    else:
+        assert main(["predict", run, "--file", str(big), "--out", str(out), "--chunk-rows", "1000"]) == 0
+    rows = out.read_text().splitlines()
+    assert len(rows) == 3000 and json.loads(rows[-1])["text"] == "good film number 2999 of the week"

@@ -34,7 +34,26 @@ def _temp_file_beside(path: Path) -> Path:
 
 # what writers say when the disk is full or read-only but raise no OSError: safetensors (Rust's io::Error)
 # and torch.save (the zip writer's "file write failed")
-_FULL_HINTS = ("no space left", "os error 28", "code: 28", "storagefull", "file write failed", "quota exceeded")
+_FULL_HINTS = (
+    "no space left",
+    "os error 28",
+    "code: 28",
+    "storagefull",
+    "file write failed",
+    "quota exceeded",
+    "unexpected pos",  # torch.save's zip writer on a full disk: "[enforce fail at inline_container.cc] unexpected pos"
+)
+FULL_BYTES = 1 << 20  # a mount with less free space than this, after a failed write, is taken as full
+
+
+def _nearly_full(path: Path) -> bool:
+    """Whether the mount holding `path` has (almost) no space left: a writer library that words a full disk
+    its own way (torch's zip writer, a C extension) is still told apart from its other errors."""
+    try:
+        stats = os.statvfs(_mount_point(path.parent))
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < FULL_BYTES
 _READ_ONLY_HINTS = ("read-only file system", "os error 30", "code: 30")
 
 
@@ -50,7 +69,8 @@ def _disk_refusal(exc: BaseException, path: Path, what: str | None) -> LoraclsEr
     code = exc.errno if isinstance(exc, OSError) else None
     text = str(exc).lower()
     writing_what = f"{what} ({path})" if what else str(path)
-    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(hint in text for hint in _FULL_HINTS):
+    full = code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(hint in text for hint in _FULL_HINTS)
+    if full or (code is None and _nearly_full(path)):
         return LoraclsError(
             f"no space left on {_mount_point(path.parent)} while writing {writing_what}; free "
             f"some space and run again (an interrupted train continues with --resume)"

@@ -14,6 +14,7 @@ written: the input's text column is read through once first, which also gives th
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,7 +134,9 @@ def predict_file(
         try:
             if not resume:
                 _refuse_existing(output)  # made by another call since the check above
-            output.begin(progress)
+                _start(output, progress)
+            else:
+                output.begin(progress)
             written = _score_chunks(score, source, output, progress, log)
             output.progress_path.unlink(missing_ok=True)
         finally:
@@ -184,6 +187,21 @@ def _fingerprint(source: TextColumn, run: str, chunk_rows: int) -> dict:
         "text_column": source.column,
         "chunk_rows": chunk_rows,
     }
+
+
+def _start(output, progress: StreamProgress) -> None:
+    """A fresh output and its progress record, made together: the output never exists without the record
+    until it is complete (a disk that fills in the first chunk once left a cut file that --resume took for a
+    finished one). If the record cannot be written, the empty output is removed again."""
+    output.begin(progress)
+    try:
+        runs.write_record(output.progress_path, progress)
+    except BaseException:
+        if output.path.is_dir():
+            shutil.rmtree(output.path, ignore_errors=True)
+        else:
+            output.path.unlink(missing_ok=True)
+        raise
 
 
 def _refuse_existing(output) -> None:
