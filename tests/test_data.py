@@ -191,3 +191,21 @@ def test_data_spec_is_the_data_stage_s_only_view_of_the_config(tmp_path):
     tree = ast.parse(open(splits_module.__file__).read())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert "Config" not in imported
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".csv.gz"])
+def test_a_header_of_a_million_columns_is_refused_before_it_is_parsed(tmp_path, suffix):
+    import gzip
+
+    from loracls.data.tables import read_table
+
+    sep = "\t" if suffix == ".tsv" else ","
+    text = sep.join(f"c{i}" for i in range(1_000_000)) + "\n" + sep.join("x" for _ in range(1_000_000)) + "\n"
+    path = tmp_path / f"wide{suffix}"
+    if suffix.endswith(".gz"):
+        with gzip.open(path, "wt") as out:
+            out.write(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(LoraclsError, match=r"its header has over [\d,]+ columns \(at most 10,000\)"):
+        read_table(str(path))

@@ -45,6 +45,28 @@ def _readers():
     }
 
 
+MAX_COLUMNS = 10_000  # a table of texts and labels has a handful; a million once cost 65 MB a second of parsing
+HEADER_BYTES = 1 << 20  # of the first line read to count its columns
+
+
+def _check_header(file: Path, sep: str) -> None:
+    """Refuse a CSV / TSV whose header holds more than MAX_COLUMNS columns, before pandas parses it (compressed
+    files too: pandas' own handle reads them)."""
+    from pandas.io.common import get_handle
+
+    try:
+        with get_handle(file, "r", compression="infer", encoding="utf-8", errors="replace") as handle:
+            header = handle.handle.readline(HEADER_BYTES)
+    except Exception:  # unreadable here: pandas says why below, in one line
+        return
+    columns = header.count(sep) + 1
+    if columns > MAX_COLUMNS:
+        shown = f"{columns:,}" if header.endswith("\n") else f"over {columns:,}"
+        raise LoraclsError(
+            f"{file}: its header has {shown} columns (at most {MAX_COLUMNS:,}): is this a table of texts and labels?"
+        )
+
+
 def read_table(path: str) -> pd.DataFrame:
     """A table by file suffix; refuses unreadable, non-UTF-8 and empty files with one line."""
     if path == EMBEDDED_DATA:
@@ -63,6 +85,8 @@ def read_table(path: str) -> pd.DataFrame:
         raise LoraclsError(
             f"unsupported data file type {file.suffix!r} for {path} (use .csv, .tsv, .jsonl, .json or .parquet)"
         )
+    if suffixes[-1] in (".csv", ".tsv"):
+        _check_header(file, "\t" if suffixes[-1] == ".tsv" else ",")
     try:
         frame = reader(file)
     except UnicodeDecodeError as exc:
