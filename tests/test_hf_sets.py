@@ -78,3 +78,25 @@ def test_without_the_extra_a_datasets_folder_is_one_line(sets, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(LoraclsError, match=r"pip install 'loracls\[datasets\]'"):
         load_dataset(DataSpec.of(from_dict({"data": str(sets[0] / "dict")})))
+
+
+@pytest.mark.parametrize("ids", [[-1], [0, -1]])
+def test_a_label_set_with_a_sentinel_or_unknown_id_is_refused(tmp_path, ids):
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.Sequence(datasets.ClassLabel(names=["a", "b", "c"]))}
+    )
+    rows = [{"text": f"text {i}", "label": [i % 3]} for i in range(30)] + [{"text": "odd one", "label": [0]}]
+    folder = tmp_path / "sentinel"
+    dataset = datasets.Dataset.from_list(rows, features=features)
+    dataset = dataset.map(lambda row: {"label": ids if row["text"] == "odd one" else row["label"]}, features=features)
+    dataset.save_to_disk(folder)
+    config = from_dict({"data": str(folder), "problem": "multi_label", "validation_size": 5, "test_size": 5})
+    with pytest.raises(LoraclsError, match=rf"holds class id {ids[-1]}, not one of its ClassLabel's 0..2"):
+        load_dataset(DataSpec.of(config))
+
+
+def test_a_named_split_that_does_not_exist_is_named(sets):
+    root, _ = sets
+    config = from_dict({"data": f"{root / 'dict'}::nosplit", "validation_size": 5, "test_size": 5})
+    with pytest.raises(LoraclsError, match=r"has no split 'nosplit' \(its splits: train, dev, test\)"):
+        load_dataset(DataSpec.of(config))

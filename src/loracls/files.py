@@ -54,6 +54,8 @@ def _nearly_full(path: Path) -> bool:
     except OSError:
         return False
     return stats.f_bavail * stats.f_frsize < FULL_BYTES
+
+
 _READ_ONLY_HINTS = ("read-only file system", "os error 30", "code: 30")
 
 

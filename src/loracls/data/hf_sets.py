@@ -82,8 +82,14 @@ def _splits(loaded) -> dict:
 
 
 def split_specs(spec: str) -> tuple[str, str | None, str | None]:
-    """`SPEC::train` and, where the set has them, its validation and test splits' names."""
-    names = list(_splits(_load(spec)))
+    """`SPEC::train` and, where the set has them, its validation and test splits' names; a spec that names its
+    split (`FOLDER::name`) is that split alone, checked to exist (splits are then made from it)."""
+    base, _, chosen = spec.partition(SPLIT_SEP)
+    names = list(_splits(_load(base)))
+    if chosen:
+        if chosen not in names:
+            raise LoraclsError(f"data: {base} has no split {chosen!r} (its splits: {', '.join(names)})")
+        return spec, None, None
     found = {role: next((n for n in names if n.lower() in aliases), None) for role, aliases in SPLIT_NAMES.items()}
     if found["train"] is None:
         if len(names) != 1:
@@ -104,7 +110,7 @@ def read_split(spec: str) -> pd.DataFrame:
     for column, feature in part.features.items():
         names = _class_names(feature)
         if names is not None and column in frame:
-            frame[column] = [_named(value, names) for value in frame[column]]
+            frame[column] = [_named(value, names, f"{spec}: column {column!r}") for value in frame[column]]
     return frame
 
 
@@ -117,7 +123,23 @@ def _class_names(feature) -> list[str] | None:
     return inner.names if isinstance(inner, datasets.ClassLabel) else None
 
 
-def _named(value, names: list[str]):
+def _named(value, names: list[str], where: str):
+    """Class ids as their names. A single label of -1 is `datasets`' mark of a missing label (None: the row is
+    dropped as unlabelled); inside a label set, or beyond the names, an id is refused: Python's negative
+    indexing once read [-1] as the last class, silently."""
     if isinstance(value, list | tuple) or hasattr(value, "tolist"):
-        return [names[int(v)] for v in list(value)]
-    return names[int(value)] if value is not None and int(value) >= 0 else None
+        return [_name_of(v, names, where) for v in list(value)]
+    if value is None or int(value) == -1:
+        return None
+    return _name_of(value, names, where)
+
+
+def _name_of(value, names: list[str], where: str) -> str:
+    index = int(value)
+    if not 0 <= index < len(names):
+        raise LoraclsError(
+            f"data: {where} holds class id {index}, not one of its ClassLabel's 0..{len(names) - 1} "
+            f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); -1 marks a missing label in `datasets`: "
+            f"drop or fill those rows"
+        )
+    return names[index]
