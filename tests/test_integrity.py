@@ -4,6 +4,7 @@ data problems said or refused, caches and run files written atomically with the 
 import json
 import math
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -434,3 +435,44 @@ def test_the_interrupted_run_itself_resumes(interrupted_run, tmp_path):
     shutil.copytree(interrupted_run, run)
     assert main(["train", "--resume", str(run)]) == 0
     assert (run / "metrics.json").is_file() and not (run / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("cut", "cannot load .*merged as a sequence classifier: Error while deserializing header"),
+        ("config", "cannot load .*merged as a sequence classifier: Expecting property name"),
+    ],
+)
+@pytest.mark.parametrize("command", ["export-onnx", "predict"])
+def test_a_damaged_merged_folder_is_one_line_for_export_and_predict(
+    trained_runs, tmp_path, damage, message, command, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run, ignore=shutil.ignore_patterns(".loracls.lock"))
+    weights = run / "merged" / "model.safetensors"
+    if damage == "cut":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        (run / "merged" / "config.json").write_text("{broken")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    args = (
+        ["export", str(run), "--format", "onnx"]
+        if command == "export-onnx"
+        else ["predict", str(run), "--text", "good"]
+    )
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.search(message, err[-1]) and err[-1].count("cannot load") == 1, err[-1]
+    after = sorted(p.relative_to(run) for p in run.rglob("*") if p.name != ".loracls.lock")
+    assert after == [p for p in before if p.name != ".loracls.lock"]
+
+
+def test_distill_reads_a_damaged_metrics_file_before_any_work(trained_runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run, ignore=shutil.ignore_patterns(".loracls.lock"))
+    (run / "metrics.json").write_text((run / "metrics.json").read_text()[:100])
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["distill", str(run)]) == 2
+    assert "metrics.json is not valid JSON" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert sorted(p.name for p in run.iterdir() if p.name != ".loracls.lock") == before

@@ -155,10 +155,7 @@ class Classifier(RunFormat):
         self.source = f"{config.model} + {run / runs.ADAPTER} (merged in memory)"
 
     def _from_merged(self, directory: Path, log, device: str | None, precision: str | None) -> None:
-        try:
-            self.model = load_standalone(directory)
-        except Exception as exc:
-            raise LoraclsError(f"cannot load {directory} as a sequence classifier: {first_line(exc, 200)}") from None
+        self.model = load_standalone(directory)  # a damaged folder: one line
         self.tokenizer = load_tokenizer(directory, log)
         run = runs.owning_run(directory)
         inside = run is not None and directory.name == runs.STUDENT  # served beside its teacher: a distinct name

@@ -109,6 +109,8 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     run = runs.check_run_dir(run_path)
     if not (run / runs.METRICS).is_file():
         raise LoraclsError(f"distill: {run_path} has not finished ({runs.METRICS} missing); resume it first")
+    runs.read_metrics(run)  # every run file the end reads is read now: a damaged one costs no distillation
+    runs.read_labels(run)
     if not options.weights or any(not 0 < w <= 1 for w in options.weights):
         raise LoraclsError(f"distill: each teacher weight must be > 0 and <= 1, got {list(options.weights)}")
     if options.max_unlabeled is not None and options.max_unlabeled < 0:

@@ -279,11 +279,15 @@ def write_generic_module(directory: Path, model_class: type) -> None:
 
 
 def load_standalone(directory: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load a merged model directory the way a user with plain transformers would."""
-    remote_code = "auto_map" in json.loads((directory / "config.json").read_text())  # a generic-head export
-    return AutoModelForSequenceClassification.from_pretrained(
-        str(directory), dtype=dtype, trust_remote_code=remote_code
-    )
+    """Load a merged model directory the way a user with plain transformers would; a damaged one (a cut
+    safetensors file, a broken config.json) is one line for every caller: predict, serve, export, distill."""
+    try:
+        remote_code = "auto_map" in json.loads((directory / "config.json").read_text())  # a generic-head export
+        return AutoModelForSequenceClassification.from_pretrained(
+            str(directory), dtype=dtype, trust_remote_code=remote_code
+        )
+    except Exception as exc:
+        raise LoraclsError(f"cannot load {directory} as a sequence classifier: {first_line(exc, 200)}") from None
 
 
 def lm_head_weight(model, model_dir: Path) -> torch.Tensor:
