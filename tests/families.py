@@ -52,6 +52,9 @@ PIXTRAL = dict(
     image_size=16,
     patch_size=4,
 )
+QWEN25_VISION = dict(
+    depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, fullatt_block_indexes=[0]
+)
 QWEN_VISION = dict(
     depth=1,
     hidden_size=16,
@@ -133,6 +136,16 @@ FAMILIES = [
             altup_num_inputs=2,
         ),
         {"vision_config": dict(hidden_size=32), "audio_config": GEMMA3N_AUDIO},
+    ),
+    # Qwen2.5-VL: a wrapper whose language model sits under model.*, where a text-only decoder's does (the
+    # vision tower under visual.*): told by its config, not its prefix
+    Family(
+        "qwen2.5-vl",
+        "qwen2_5_vl",
+        "Qwen2_5_VLForConditionalGeneration",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        {"vision_config": dict(QWEN25_VISION)},
+        byte_level=True,
     ),
     Family("ministral3", "mistral3", "Mistral3ForConditionalGeneration", {}, {"vision_config": PIXTRAL}),
     Family(

@@ -99,19 +99,24 @@ class DecoderCheckpoint:
     prefix: str  # the decoder's weights sit under this prefix ("model." for a text-only causal LM)
     lm_head: str | None  # the LM head's key when the checkpoint stores it (untied)
     skipped: dict[str, int] = field(default_factory=dict)  # towers never loaded -> their parameters
+    wrapper: bool = False  # the config is a wrapper's: the decoder is its text_config, wherever its weights sit
 
     @property
     def wrapped(self) -> bool:
-        return self.prefix not in ("", "model.")
+        """A multimodal wrapper, told by its config (a text_config that is not the config itself), not by where
+        its decoder sits: Qwen2.5-VL keeps its language model under `model.*`, where a text-only one does."""
+        return self.wrapper or self.prefix not in ("", "model.")
 
     def key_mapping(self, base_model_prefix: str = "model") -> dict[str, str] | None:
         """transformers' `key_mapping` that reads the decoder (and the LM head) into a text-only class."""
         if not self.wrapped:
             return None
-        mapping = {"^" + re.escape(self.prefix): base_model_prefix + "."}
+        mapping = {}
+        if self.prefix != base_model_prefix + ".":  # Qwen2.5-VL: already where a text-only class reads it
+            mapping["^" + re.escape(self.prefix)] = base_model_prefix + "."
         if self.lm_head and self.lm_head != "lm_head.weight":
             mapping["^" + re.escape(self.lm_head) + "$"] = "lm_head.weight"
-        return mapping
+        return mapping or None
 
     def describe(self) -> str | None:
         """One line for the log when the decoder sits inside a wrapper: where, and what is skipped."""
@@ -131,7 +136,7 @@ def read_decoder(model_dir: Path) -> DecoderCheckpoint:
     architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
     keys = checkpoint_keys(model_dir)
     if not keys:  # no safetensors (a .bin checkpoint): transformers' own layout handling applies
-        return DecoderCheckpoint(Path(model_dir), text, architecture, "model.", None)
+        return DecoderCheckpoint(Path(model_dir), text, architecture, "model.", None, wrapper=text is not config)
     names = decoder_weight_names(text)
     votes = _prefix_votes(keys, names)
     prefix, found = votes.most_common(1)[0] if votes else ("", 0)
@@ -146,7 +151,7 @@ def read_decoder(model_dir: Path) -> DecoderCheckpoint:
     for key, numel in keys.items():
         if not key.startswith(prefix) and key != lm_head:
             skipped[_group(key, prefix)] += numel
-    return DecoderCheckpoint(Path(model_dir), text, architecture, prefix, lm_head, dict(skipped))
+    return DecoderCheckpoint(Path(model_dir), text, architecture, prefix, lm_head, dict(skipped), text is not config)
 
 
 def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32, log=None):
