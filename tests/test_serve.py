@@ -16,6 +16,7 @@ import pytest
 
 from loracls.cli import main
 from loracls.inference.batcher import Batcher, TooLarge
+from test_serve_contract import is_error, message_of
 
 LIMIT = 600  # seconds: only against a hang
 
@@ -132,8 +133,7 @@ def test_bad_requests_get_json_errors_and_the_server_keeps_serving(server, route
     else:
         response = server.client.post(route, json=payload)
     assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error", "error_type"} and body["error"]
+    assert is_error(response, status, response.json().get("error_type")) and message_of(response)
     assert server.client.post("/classify", json={"input": "good film"}).status_code == 200
 
 

@@ -16,6 +16,7 @@ from loracls.inference.adapters import AdapterSet
 from loracls.inference.engine import Classifier
 from loracls.inference.server import create_app
 from test_serve import Server
+from test_serve_contract import is_error, message_of
 
 TEXTS = ["good film", "bad boring plot", "the movie was very great and lovely", "a dull script", "ok meh so-so"]
 THREE = {"pos": POSITIVE, "neg": NEGATIVE, "plain": ["ok", "meh", "neutral", "so-so"]}
@@ -121,8 +122,8 @@ def test_model_query_header_listing_and_unknown_names(adapters):
     assert [card["id"] for card in listing.json()["data"]] == ["alpha", "beta", "gamma"]
     assert info.json()["model"] == "beta" and info.json()["models"] == ["alpha", "beta", "gamma"]
     for response in unknown:
-        assert response.status_code == 404 and response.json()["error_type"] == "NotFound"
-        assert "`delta` does not exist" in response.json()["error"]
+        assert is_error(response, 404, "NotFound")  # each route's own body (vLLM's on /classify)
+        assert "`delta` does not exist" in message_of(response)
 
 
 def _refused(capsys, argv) -> str:

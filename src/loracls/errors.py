@@ -21,6 +21,10 @@ class LoraclsError(Exception):
     """Bad input or a refused setup. The CLI prints `loracls: <message>` and exits with code 2."""
 
 
+class CutNotHere(LoraclsError):
+    """A request asked a run to cut its texts another way than it can (HTTP 422 naming the field)."""
+
+
 class NoTokens(LoraclsError):
     """A text the run's tokenizer turns into no tokens (e.g. only characters its normalizer drops): the model
     would read nothing. Refused at every entry: train, predict, evaluate, distill, and HTTP 422 when served."""

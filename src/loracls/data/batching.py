@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loracls.errors import LoraclsError, NoTokens, shown
+from loracls.errors import CutNotHere, LoraclsError, NoTokens, shown
 from loracls.problems import Problem
 
 
@@ -136,9 +136,12 @@ class TextEncoder:
             return list(self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"])
         return self.prefix + list(window) + self.suffix
 
-    def encode(self, texts: list[str]) -> Encoded:
+    def encode(self, texts: list[str], keep_end: bool = False, last_tokens: int | None = None) -> Encoded:
         """Token ids under the long_text policy; a text with no tokens of its own is refused (NoTokens), never
-        scored as the bare special tokens or the template (a silent 0.5 / 0.5, or a reshape error)."""
+        scored as the bare special tokens or the template (a silent 0.5 / 0.5, or a reshape error).
+        A client may ask a truncating run to cut from the other end: `keep_end` (TEI's truncation_direction
+        Left) keeps a long text's end, `last_tokens` (vLLM's truncate_prompt_tokens) at most that many tokens
+        of each prompt, its end, special tokens and template kept."""
         pieces = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         empty = [i for i, text_ids in enumerate(pieces) if not text_ids]
         if empty:
@@ -146,8 +149,15 @@ class TextEncoder:
                 f"{len(empty)} of {len(texts)} texts encode to no tokens, e.g. text {empty[0]}: "
                 f"{shown(texts[empty[0]])}: the model would read nothing"
             )
+        if (keep_end or last_tokens is not None) and self.long_text != "truncate":
+            raise CutNotHere(
+                f"this run reads long texts as {self.long_text}, not by truncation: cutting from the end "
+                f"(truncation_direction, truncate_prompt_tokens) does not apply"
+            )
         if self.long_text == "truncate":
             ids, long = encode_with_truncation(self.tokenizer, texts, self.max_length, self.template)
+            if keep_end or last_tokens is not None:
+                ids, long = self._cut_from_the_start(pieces, ids, long, last_tokens)
             return Encoded(ids, list(range(len(texts))), long)
         plain, long = encode_with_truncation(self.tokenizer, texts, self.max_length, self.template)
         ids, owner = [], []
@@ -156,6 +166,24 @@ class TextEncoder:
             ids += windows
             owner += [i] * len(windows)
         return Encoded(ids, owner, long)
+
+    def _cut_from_the_start(self, pieces, ids, long, last_tokens: int | None):
+        """Rows longer than the limit (max_length, or `last_tokens` where smaller) rebuilt from their text's
+        last tokens, framed as the tokenizer frames a text (its special tokens, the template)."""
+        limit = self.max_length if last_tokens is None else min(last_tokens, self.max_length)
+        self.prefix, self.suffix = self._special_tokens()
+        budget = (
+            _template_budget(self.tokenizer, limit, self.template)
+            if self.template
+            else limit - len(self.prefix) - len(self.suffix)
+        )
+        if budget < 1:
+            raise CutNotHere(f"{limit} tokens cannot hold a text beside the special tokens and the template")
+        ids, long = list(ids), list(long)
+        for i, text_ids in enumerate(pieces):
+            if len(text_ids) > budget:
+                ids[i], long[i] = self._frame(list(text_ids[-budget:])), True
+        return ids, long
 
     def _windows(self, text_ids: list[int]) -> list[list[int]]:
         if self.long_text == "head_tail":

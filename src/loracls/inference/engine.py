@@ -84,9 +84,10 @@ class RunFormat:
     def score(self, ids: list[list[int]], models: list[str], max_tokens: int | None = None) -> np.ndarray:
         return self.logits(ids, max_tokens=max_tokens)
 
-    def encode(self, texts: list[str]) -> Encoded:
-        """Token ids under the run's long_text policy (one row per text, or per window of a long text)."""
-        return self.encoder.encode(texts)
+    def encode(self, texts: list[str], **cut) -> Encoded:
+        """Token ids under the run's long_text policy (one row per text, or per window of a long text); `cut`:
+        TextEncoder.encode's keep_end / last_tokens, where a client asks for them."""
+        return self.encoder.encode(texts, **cut)
 
     @property
     def temperature(self) -> float:

@@ -8,11 +8,34 @@ from starlette.responses import JSONResponse
 
 from loracls.errors import LoraclsError, first_line
 
-__all__ = ["error", "ServerMetrics", "BodyLimit", "BACKLOG", "bound_socket", "idle_guarded", "raise_open_files"]
+__all__ = [
+    "error",
+    "error_for",
+    "ServerMetrics",
+    "BodyLimit",
+    "BACKLOG",
+    "bound_socket",
+    "idle_guarded",
+    "raise_open_files",
+]
 
 
 def error(status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
+    """TEI's error body: {"error": message, "error_type": kind}."""
     return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
+
+
+VLLM_PATHS = ("/classify", "/v1/classify", "/v1/models", "/detokenize")  # routes whose clients read vLLM's body
+_VLLM_TYPES = {404: "NotFoundError", 429: "RateLimitError", 500: "InternalServerError"}
+
+
+def error_for(path: str, status: int, kind: str, message: str, headers: dict | None = None) -> JSONResponse:
+    """The error body a route's clients read: vLLM's (and OpenAI's: {"error": {"message", "type", "code"}})
+    on vLLM's routes, so the openai SDK shows the message; TEI's everywhere else."""
+    if path.startswith(VLLM_PATHS):
+        body = {"message": message, "type": _VLLM_TYPES.get(status, "BadRequestError"), "param": None, "code": status}
+        return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return error(status, kind, message, headers)
 
 
 class ServerMetrics:
@@ -49,7 +72,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        too_large = error(413, "PayloadTooLarge", f"request body over {self.limit} bytes")
+        too_large = error_for(scope["path"], 413, "PayloadTooLarge", f"request body over {self.limit} bytes")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await too_large(scope, receive, send)
         received = 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "ClassifyRequest",
@@ -51,6 +51,14 @@ __all__ = [
 TextOrTexts = str | list[str]
 
 
+class Strict(BaseModel):
+    """A request model that refuses a field it does not know (422 naming it): a field accepted and silently
+    dropped would let a client believe it got what it asked for (vLLM's `use_activation: false` once still
+    gave probabilities)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def check_texts(value: TextOrTexts) -> TextOrTexts:
     """At least one text; none empty; each valid Unicode (a lone surrogate such as "\\ud800" in JSON is not)."""
     texts = [value] if isinstance(value, str) else value
@@ -66,7 +74,7 @@ def check_texts(value: TextOrTexts) -> TextOrTexts:
     return value
 
 
-class ClassifyRequest(BaseModel):
+class ClassifyRequest(Strict):
     """vLLM's classification request."""
 
     model: str | None = Field(
@@ -76,11 +84,22 @@ class ClassifyRequest(BaseModel):
     top_k: int | None = Field(
         None, ge=1, description="each item also lists its k most probable labels (`top`); below 1 is a 422"
     )
+    use_activation: bool | None = Field(
+        None, description="vLLM's: false gives the raw logits in `probs`; unset or true the calibrated probabilities"
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        ge=-1,
+        description="vLLM's: keep only the last N tokens of each prompt (its special tokens kept); -1 or unset: "
+        "the run's max_length, cut as in training",
+    )
+    user: str | None = Field(None, description="vLLM's / OpenAI's end-user id: accepted, not used")
+    request_id: str | None = Field(None, description="vLLM's: accepted, not used")
 
     _texts = field_validator("input")(classmethod(lambda cls, value: check_texts(value)))
 
 
-class PredictRequest(BaseModel):
+class PredictRequest(Strict):
     """text-embeddings-inference's /predict request."""
 
     inputs: TextOrTexts = Field(description="one text or a list of texts")
@@ -91,11 +110,14 @@ class PredictRequest(BaseModel):
         "truncated as in training (TEI's default is false)",
     )
     top_k: int | None = Field(None, ge=1, description="only the k most probable labels; below 1 is a 422")
+    truncation_direction: Literal["Left", "Right", "left", "right"] = Field(
+        "Right", description="TEI's: with truncation, which end of a long text is cut (Left keeps its end)"
+    )
 
     _texts = field_validator("inputs")(classmethod(lambda cls, value: check_texts(value)))
 
 
-class TaskParameters(BaseModel):
+class TaskParameters(Strict):
     """The Hugging Face Inference API's text-classification parameters (huggingface_hub sends them)."""
 
     top_k: int | None = Field(None, ge=1, description="only the k most probable labels; below 1 is a 422")
@@ -111,7 +133,7 @@ class RootRequest(PredictRequest):
     parameters: TaskParameters | None = None
 
 
-class TeiTokenizeRequest(BaseModel):
+class TeiTokenizeRequest(Strict):
     """TEI's /tokenize request."""
 
     inputs: TextOrTexts = Field(description="one text or a list of texts")
@@ -121,12 +143,13 @@ class TeiTokenizeRequest(BaseModel):
     _texts = field_validator("inputs")(check_texts)
 
 
-class VllmTokenizeRequest(BaseModel):
+class VllmTokenizeRequest(Strict):
     """vLLM's /tokenize request (completions form)."""
 
     prompt: str = Field(description="the text")
     model: str | None = Field(None, description="the run whose tokenizer counts (`GET /v1/models`); none: the first")
     add_special_tokens: bool = True
+    return_token_strs: bool = Field(False, description="vLLM's: also each token as its string (`token_strs`)")
 
     @field_validator("prompt")
     @classmethod
@@ -154,14 +177,14 @@ class VllmTokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DecodeRequest(BaseModel):
+class DecodeRequest(Strict):
     """TEI's /decode request: token ids (one sequence or several) back to text."""
 
     ids: list[int] | list[list[int]]
     skip_special_tokens: bool = True
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Strict):
     """vLLM's /detokenize request."""
 
     tokens: list[int]
@@ -176,7 +199,7 @@ class TeiModelType(BaseModel):
     classifier: dict[str, dict] = Field(description="TEI's {id2label, label2id}")
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(Strict):
     """/generate (label_and_comment runs): texts in, label and comment out."""
 
     inputs: TextOrTexts = Field(description="one text or a list of texts")
@@ -244,6 +267,7 @@ class ModelCard(BaseModel):
 
     id: str = Field(description="the run's name: the `model` a request gives")
     object: Literal["model"] = "model"
+    created: int = Field(description="when the server loaded it (Unix seconds)")
     owned_by: str = "loracls"
     root: str = Field(description="what it was loaded from")
 

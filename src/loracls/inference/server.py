@@ -34,14 +34,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from loracls.errors import Log, NoTokens, first_line
+from loracls.errors import CutNotHere, Log, NoTokens, first_line
 from loracls.inference.batcher import Batcher, Overloaded, TooLarge
 
 if TYPE_CHECKING:
     pass
 from loracls import __version__
 from loracls.inference import tokens
-from loracls.inference.http import BACKLOG, BodyLimit, ServerMetrics, error
+from loracls.inference.http import BACKLOG, BodyLimit, ServerMetrics, error_for
 from loracls.inference.protocol import (
     ERRORS,
     ClassifyItem,
@@ -99,6 +99,7 @@ def create_app(
     app = FastAPI(title="loracls", lifespan=lifespan)
     app.state.served, app.state.batcher, app.state.metrics = served, batcher, metrics
     app.state.max_client_batch_size = max_client_batch_size
+    app.state.created = int(time.time())  # /v1/models' `created`: when this server loaded its runs
     app.include_router(router)
     app.include_router(tokens.router)
     _error_handlers(app)
@@ -113,7 +114,7 @@ def create_app(
                 f"loracls serve: 500 on {request.url.path}: {type(exc).__name__}: {first_line(exc, 200)}",
                 file=sys.stderr,
             )
-            response = error(500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
+            response = error_for(request.url.path, 500, "Backend", f"{type(exc).__name__}: {first_line(exc, 200)}")
         route = request.scope.get("route")  # the route's template: an unknown path makes no new series
         name = route.path if route is not None else "unmatched"
         metrics.requests.labels(name, str(response.status_code)).inc()
@@ -160,19 +161,24 @@ MODEL_QUERY = Query(None, description="the run to ask (`GET /v1/models`); none: 
 MODEL_HEADER = Header(None, description="the same as the `model` query, for clients that set headers")
 
 
-async def encoded_off_loop(classifier, texts: list[str]):
+async def encoded_off_loop(classifier, texts: list[str], **cut):
     """A request's texts tokenized in a worker thread: a large legal request (megabytes of text) must not hold
-    the event loop, so /health and other requests are answered meanwhile."""
-    return await asyncio.to_thread(classifier.encode, texts)
+    the event loop, so /health and other requests are answered meanwhile. `cut`: a client's truncation."""
+    return await asyncio.to_thread(lambda: classifier.encode(texts, **cut) if cut else classifier.encode(texts))
 
 
+@router.post("/v1/classify", response_model_exclude_none=True, responses=ERRORS["classify"], include_in_schema=False)
 @router.post("/classify", response_model_exclude_none=True, responses=ERRORS["classify"])
 async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
     serving = Serving(request)
     classifier = serving.served.pick(body.model)
     texts = serving.texts(body.input)
-    encoded = await encoded_off_loop(classifier, texts)
-    probs = await serving.probabilities(classifier, encoded)
+    last = body.truncate_prompt_tokens
+    encoded = await encoded_off_loop(classifier, texts, **({"last_tokens": last} if last not in (None, -1) else {}))
+    if body.use_activation is False:  # vLLM: the raw scores, no softmax / sigmoid
+        probs = np.asarray(await logits_of(serving.batcher, classifier, encoded, serving.metrics))
+    else:
+        probs = await serving.probabilities(classifier, encoded)
     items = [_classified(classifier, i, row, body.top_k) for i, row in enumerate(probs)]
     if classifier.writes_comments:  # label_and_comment: generated after the label
         for item, comment in zip(items, await _comments(classifier, texts, classifier.decision.chosen(probs))):
@@ -210,7 +216,8 @@ async def root(
 async def _predicted(body: PredictRequest, serving: Serving, model: str | None, nested: bool) -> JSONResponse:
     """TEI's /predict: each text's labels by score (`nested`: a list of lists even for one text)."""
     classifier = serving.served.pick(model)
-    encoded = await encoded_off_loop(classifier, serving.texts(body.inputs))
+    left = body.truncation_direction.lower() == "left"
+    encoded = await encoded_off_loop(classifier, serving.texts(body.inputs), **({"keep_end": True} if left else {}))
     if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
         raise _InputTooLong(
             f"input {encoded.long.index(True)} is longer than max_length {classifier.max_length} tokens and "
@@ -252,8 +259,15 @@ async def health() -> HealthResponse:
 @router.get("/v1/models")
 async def models(request: Request) -> ModelList:
     """The served runs, as vLLM and OpenAI list models."""
-    runs = Serving(request).served.runs
-    return ModelList(data=[ModelCard(id=name, root=run.source) for name, run in runs.items()])
+    runs, created = Serving(request).served.runs, request.app.state.created
+    return ModelList(data=[ModelCard(id=name, root=run.source, created=created) for name, run in runs.items()])
+
+
+@router.get("/v1/models/{model_id:path}", responses=ERRORS["classify"])
+async def model(model_id: str, request: Request) -> ModelCard:
+    """One served run (the openai SDK's `models.retrieve`); another name is a 404."""
+    run = Serving(request).served.pick(model_id)
+    return ModelCard(id=model_id, root=run.source, created=request.app.state.created)
 
 
 @router.get("/info", responses=ERRORS["info"])
@@ -304,16 +318,32 @@ async def prometheus(request: Request):
 _HTTP_KINDS = {404: "NotFound", 405: "MethodNotAllowed", 413: "Validation"}
 
 
+def _main_problem(problems: list[dict]) -> dict:
+    """The one validation error to name: in a union of request shapes (/tokenize: TEI's or vLLM's) the shape
+    with the fewest errors is the one the client meant; in it, a field we do not implement comes first."""
+    if not problems:
+        return {"loc": (), "msg": "invalid request"}
+    shapes: dict = {}
+    for problem in problems:
+        loc = problem.get("loc", ())
+        shape = loc[1] if len(loc) > 1 and str(loc[1])[:1].isupper() else None
+        shapes.setdefault(shape, []).append(problem)
+    closest = min(shapes.values(), key=len)
+    return next((p for p in closest if p.get("type") == "extra_forbidden"), closest[0])
+
+
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        problem = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        problem = _main_problem(list(exc.errors()))
         where = ".".join(str(p) for p in problem.get("loc", ()) if p != "body")
-        return error(422, "Validation", f"{where}: {problem.get('msg')}" if where else str(problem.get("msg")))
+        message = f"{where}: {problem.get('msg')}" if where else str(problem.get("msg"))
+        return error_for(request.url.path, 422, "Validation", message)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):  # unknown routes, wrong methods
-        return error(
+        return error_for(
+            request.url.path,
             exc.status_code,
             _HTTP_KINDS.get(exc.status_code, "Validation"),
             str(exc.detail),
@@ -327,6 +357,7 @@ def _error_handlers(app: FastAPI) -> None:
 # every error of ours that a request can cause -> (HTTP status, TEI's error_type); one place, TEI's pattern
 ERROR_STATUS: dict[type, tuple[int, str]] = {
     TooManyTexts: (413, "Validation"),
+    CutNotHere: (422, "Validation"),  # truncation_direction / truncate_prompt_tokens a run cannot apply
     NoTokens: (422, "Validation"),  # a text that encodes to nothing: named, never a 500 or a silent 0.5
     tokens.BadTokenIds: (422, "Validation"),
     _InputTooLong: (413, "Validation"),
@@ -341,7 +372,7 @@ _RETRY_LATER = {Overloaded: {"Retry-After": "1"}}
 async def _mapped_error(request: Request, exc: Exception):
     status, kind = next(ERROR_STATUS[k] for k in type(exc).__mro__ if k in ERROR_STATUS)
     message = f"server busy: {exc}; retry later" if isinstance(exc, Overloaded) else str(exc)
-    return error(status, kind, message, headers=_RETRY_LATER.get(type(exc)))
+    return error_for(request.url.path, status, kind, message, headers=_RETRY_LATER.get(type(exc)))
 
 
 _APP_LIMITS = ("max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes", "max_client_batch_size")

@@ -72,7 +72,8 @@ async def tokenize(
         run = serving.served.pick(body.model or model or x_model)
         encoded = await asyncio.to_thread(run.tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
         ids = encoded["input_ids"]
-        return VllmTokenizeResponse(count=len(ids), max_model_len=run.max_length, tokens=ids)
+        strs = run.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return VllmTokenizeResponse(count=len(ids), max_model_len=run.max_length, tokens=ids, token_strs=strs)
     run = serving.served.pick(model or x_model)
     texts = serving.texts(body.inputs)
     # off the event loop: megabytes of text take seconds to tokenize, and /health must answer meanwhile
