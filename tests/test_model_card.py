@@ -32,3 +32,34 @@ def test_a_run_writes_cards_the_hub_parses(trained_runs):
     adapter_card = (run / runs.ADAPTER / "README.md").read_text()
     assert "PeftModel.from_pretrained" in adapter_card and "a LoRA adapter (rsLoRA, r 4)" in adapter_card
     assert 'pipeline("text-classification"' in (run / runs.MERGED / "README.md").read_text()
+
+
+def test_a_gemma_runs_cards_carry_the_gemma_license_and_runnable_snippets(trained_runs, tmp_path):
+    """The merged card's snippet, copied out of the card and run as written in a fresh process, gives what
+    `loracls predict` gives within 1e-3, a long text included (cut at the run's max_length, as in training)."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from loracls.cli import main
+
+    run = trained_runs["gemma3"]
+    for folder in (runs.ADAPTER, runs.MERGED):
+        card = ModelCard.load(run / folder / "README.md")
+        assert card.data.license == "gemma" and card.data.license_link == "https://ai.google.dev/gemma/terms"
+        assert "PATH" not in card.text and "BASE" not in card.text
+    snippet = re.search(r"```python\n(.*?)```", (run / runs.MERGED / "README.md").read_text(), re.S).group(1)
+    texts = ["good good film", " ".join(["bad film"] * 60)]  # the second is far beyond max_length (32)
+    program = snippet.replace('["a text"]', json.dumps(texts)) + "import json\nprint(json.dumps(probabilities))\n"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(run), *[a for t in texts for a in ("--text", t)], "--out", str(out)]) == 0
+    ours = [json.loads(line) for line in out.read_text().splitlines()]
+    for row, scores in zip(ours, theirs, strict=True):
+        for item in scores:
+            assert abs(row["probabilities"][item["label"]] - item["score"]) < 1e-3
+    tokenizer_config = json.loads((run / runs.MERGED / "tokenizer_config.json").read_text())
+    assert tokenizer_config["model_max_length"] == runs.read_config(run).max_length

@@ -120,7 +120,7 @@ def export_causal_lm(setup: Setup, scorer: Scorer, built: Built, run: Path) -> E
 
     def fill(staging: Path) -> None:
         merged.save_pretrained(staging, save_original_format=False)  # the text layout (see save_text_layout)
-        tokenizer.save_pretrained(staging)
+        save_tokenizer_as_trained(tokenizer, staging, config.max_length)
         InputFormat.of_run(config, decision).write(staging / INPUT_FORMAT)
 
     def check(staging: Path) -> ExportCheck:
@@ -159,12 +159,23 @@ def export_checked(target: Path, fill, check, what: str):
     return results[0]
 
 
+def save_tokenizer_as_trained(tokenizer, directory: Path, max_length: int) -> None:
+    """The tokenizer with the run's max_length and truncation side in its config: `pipeline(...,
+    truncation=True)` then cuts a long text where loracls does (it once read 120 tokens of a 32-token run)."""
+    kept = tokenizer.model_max_length, tokenizer.truncation_side
+    tokenizer.model_max_length, tokenizer.truncation_side = max_length, "right"
+    try:
+        tokenizer.save_pretrained(directory)
+    finally:
+        tokenizer.model_max_length, tokenizer.truncation_side = kept
+
+
 def save_text_layout(model, tokenizer, directory: Path, fmt: InputFormat) -> None:
     """The model as transformers' text-only class loads it with no mapping: the layout it has in memory
     (`save_original_format=False`: transformers would otherwise revert its load-time renames, a wrapper's
     prefix among them, and plain transformers would then load the head alone onto a random decoder)."""
     model.save_pretrained(directory, save_original_format=False)
-    tokenizer.save_pretrained(directory)
+    save_tokenizer_as_trained(tokenizer, directory, fmt.max_length)
     if is_generic(type(model)):
         write_generic_module(directory, type(model))
     fmt.write(directory / INPUT_FORMAT)

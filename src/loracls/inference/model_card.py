@@ -21,14 +21,61 @@ EMBEDDED_DATASET = "cornell-movie-review-data/rotten_tomatoes"  # the embedded s
 ENCODERS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet-base": "sentence-transformers/all-mpnet-base-v2"}
 
 
+GEMMA_TERMS = "https://ai.google.dev/gemma/terms"
+LICENSES_BY_OWNER = {  # the license a base's publisher releases it under, where it is one for all its models
+    "google/gemma": "gemma",
+    "sentence-transformers/": "apache-2.0",
+    "qwen/": "apache-2.0",
+    "mistralai/": "apache-2.0",
+    "microsoft/phi": "mit",
+    "meta-llama/": "llama3.2",
+}
+
+
+def _gguf_field(path: Path, key: str) -> str | None:
+    """A string field of a GGUF file's metadata (`general.license`, `general.base_model.0.repo_url`)."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields.get(key)
+        return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    except Exception:  # unreadable metadata: the card says less, nothing fails
+        return None
+
+
 def base_model_id(spec: str) -> str | None:
-    """The hub id of a model spec (None for a local directory or file: a path says nothing to a reader)."""
+    """The hub id of a model spec: the embedded model's, a GGUF file's own (its metadata's base model), a hub
+    id as given; None for a local directory (a path says nothing to a reader)."""
     if spec == EMBEDDED_MODEL:
         return EMBEDDED_BASE
     if spec in ENCODERS:
         return ENCODERS[spec]
+    if spec.endswith(".gguf") and Path(spec).is_file():
+        url = _gguf_field(Path(spec), "general.base_model.0.repo_url") or ""
+        return url.removeprefix("https://huggingface.co/").strip("/") or None
     looks_like_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
     return spec if looks_like_id else None
+
+
+def _model_type(spec: str) -> str:
+    """A local model directory's model_type ("" where there is none to read)."""
+    try:
+        import json
+
+        return str(json.loads((Path(spec) / "config.json").read_text()).get("model_type", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def license_of(spec: str, base: str | None) -> str:
+    """The license a derivative inherits: a GGUF's own metadata, else the base's publisher's (Gemma: the
+    Gemma terms), else "other" (the base's card says which)."""
+    if spec.endswith(".gguf") and Path(spec).is_file() and (found := _gguf_field(Path(spec), "general.license")):
+        return found.lower()
+    key = (base or spec).lower()
+    if spec == EMBEDDED_MODEL or "gemma" in key or _model_type(spec).startswith("gemma"):
+        return "gemma"
+    return next((name for owner, name in LICENSES_BY_OWNER.items() if key.startswith(owner)), "other")
 
 
 def write_cards(run: Path) -> list[Path]:
@@ -72,7 +119,7 @@ def _write(folder: Path, kind: str, run: Path, config: Config, metrics, student)
         "",
         "## How to use it",
         "",
-        *_usage(kind, folder, config, len(runs.read_labels(run))),
+        *_usage(kind, folder, config, runs.read_labels(run)),
         *_input_format(folder),
     ]
     path = folder / "README.md"
@@ -95,6 +142,9 @@ def _what(kind: str, config: Config, student) -> str:
 def _metadata(kind: str, of_student: bool, name: str, base: str | None, config: Config, test) -> dict:
     library = {"adapter": "peft", "merged": "transformers", "student": "transformers", "onnx": "onnx"}[kind]
     data = {"library_name": library, "pipeline_tag": "text-classification"}
+    data["license"] = license_of(config.model if not of_student else base or "", base)
+    if data["license"] == "gemma":
+        data["license_link"] = GEMMA_TERMS  # a Gemma derivative is bound by the Gemma terms of use
     if base:
         data["base_model"] = base
     data["tags"] = ["loracls", "text-classification", "distillation" if of_student else "lora"]
@@ -166,24 +216,33 @@ def _input_format(folder: Path) -> list[str]:
     return lines
 
 
-def _usage(kind: str, folder: Path, config: Config, labels: int) -> list[str]:
+def _usage(kind: str, folder: Path, config: Config, id2label: dict[int, str]) -> list[str]:
+    where = folder.resolve()
     if kind == "adapter":
+        base = base_model_id(config.model) or str(Path(config.model).resolve())
+        temperature = runs.InputFormat.read(folder / runs.CALIBRATION).decision.temperature
         return [
             "```python",
+            "import torch",
             "from peft import PeftModel",
-            "from transformers import AutoModelForSequenceClassification",
-            f'base = AutoModelForSequenceClassification.from_pretrained("{base_model_id(config.model) or "BASE"}", '
-            f"num_labels={labels})",
-            'model = PeftModel.from_pretrained(base, "PATH/adapter")  # the head is saved with the adapter',
+            "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+            f"id2label = {dict(id2label)!r}",
+            f'base = AutoModelForSequenceClassification.from_pretrained("{base}", num_labels={len(id2label)}, '
+            "id2label=id2label)",
+            f'model = PeftModel.from_pretrained(base, "{where}").eval()  # the head is saved with the adapter',
+            f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+            f'inputs = tokenizer(["a text"], truncation=True, max_length={config.max_length}, return_tensors="pt")',
+            "with torch.no_grad():",
+            f"    probs = (model(**inputs).logits / {temperature!r}).softmax(-1)  # the temperature fitted on validation",
             "```",
             "",
-            "Or serve the run (base + adapter) with `loracls serve RUN`.",
+            f"Or serve the run (base + adapter) with `loracls serve {where.parent}`.",
         ]
     if kind == "onnx":
         return [
             "```python",
             "import onnxruntime",
-            'session = onnxruntime.InferenceSession("PATH/model.onnx")',
+            f'session = onnxruntime.InferenceSession("{where / "model.onnx"}")',
             'logits = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]',
             "```",
             "",
@@ -192,8 +251,9 @@ def _usage(kind: str, folder: Path, config: Config, labels: int) -> list[str]:
     return [
         "```python",
         "from transformers import pipeline",
-        'classify = pipeline("text-classification", model="PATH", top_k=None'
+        f'classify = pipeline("text-classification", model="{where}", top_k=None'
         + (", trust_remote_code=True)" if (folder / "modeling_loracls_generic.py").is_file() else ")"),
+        f"probabilities = classify([\"a text\"], truncation=True)  # cut at max_length, as in training",
         "```",
         "",
         f"Or `loracls predict {folder.name} --text ...` and `loracls serve {folder.name}`"

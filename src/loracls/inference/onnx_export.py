@@ -177,8 +177,13 @@ def _compared(check: ExportCheck) -> str:
 
 
 def _write_beside(classifier: Classifier, folder: Path) -> None:
-    """What a user needs beside model.onnx: the tokenizer, the input format and decision, the label names."""
-    classifier.tokenizer.save_pretrained(folder)
+    """What a user needs beside model.onnx: the tokenizer (with the run's max_length), the model's config.json
+    (id2label; optimum's ORTModelForSequenceClassification reads it), the input format and decision, the label
+    names."""
+    from loracls.inference.export import save_tokenizer_as_trained
+
+    save_tokenizer_as_trained(classifier.tokenizer, folder, classifier.max_length)
+    classifier.model.config.to_json_file(str(folder / "config.json"))
     trained_with = (classifier.input_template, classifier.max_length, classifier.long_text, classifier.chunk_stride)
     InputFormat(*trained_with, classifier.decision).write(folder / INPUT_FORMAT)
     files.write_json(folder / "labels.json", {str(i): name for i, name in classifier.id2label.items()})
