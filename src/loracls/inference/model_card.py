@@ -233,7 +233,7 @@ def _usage(kind: str, folder: Path, config: Config, id2label: dict[int, str]) ->
             f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
             f'inputs = tokenizer(["a text"], truncation=True, max_length={config.max_length}, return_tensors="pt")',
             "with torch.no_grad():",
-            f"    probs = (model(**inputs).logits / {temperature!r}).softmax(-1)  # the temperature fitted on validation",
+            f"    probs = (model(**inputs).logits / {temperature!r}).softmax(-1)  # temperature: fitted on validation",
             "```",
             "",
             f"Or serve the run (base + adapter) with `loracls serve {where.parent}`.",
@@ -253,7 +253,7 @@ def _usage(kind: str, folder: Path, config: Config, id2label: dict[int, str]) ->
         "from transformers import pipeline",
         f'classify = pipeline("text-classification", model="{where}", top_k=None'
         + (", trust_remote_code=True)" if (folder / "modeling_loracls_generic.py").is_file() else ")"),
-        f"probabilities = classify([\"a text\"], truncation=True)  # cut at max_length, as in training",
+        'probabilities = classify(["a text"], truncation=True)  # cut at max_length, as in training',
         "```",
         "",
         f"Or `loracls predict {folder.name} --text ...` and `loracls serve {folder.name}`"
