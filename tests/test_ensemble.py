@@ -199,3 +199,31 @@ def test_the_verdict_says_which_encoder_its_budget_left_out(gemma3_dir, data_csv
     assert len(metrics["verdict"]["notes"]) == 1 and "encoder_budget_s" in metrics["verdict"]["notes"][0]
     assert metrics["baseline"]["skipped"][0]["name"] == f"encoder {tiny_encoder_dir}"
     assert not (out / "run" / "encoder.json").exists()
+
+
+def test_predict_and_evaluate_run_the_ensemble_row(gemma3_dir, data_csv, tmp_path, tiny_encoder_dir, capsys):
+    from loracls import runs
+    from loracls.inference.loaded import EngineOptions, engine_for
+
+    out = tmp_path / "out"
+    overrides = tiny_overrides(
+        gemma3_dir, data_csv, out, encoder_model=str(tiny_encoder_dir), baselines=["encoder"], epochs=2
+    )
+    assert main(["train", *overrides]) == 0
+    run = out / "run"
+    if not (run / "ensemble.json").is_file():  # no blend helped on validation: the engine says so in one line
+        assert main(["predict", str(run), "--text", "good", "--engine", "ensemble"]) == 2
+        assert "has no ensemble row" in capsys.readouterr().err
+        return
+    record = runs.read_ensemble(run)
+    engine = engine_for(str(run), EngineOptions(engine="ensemble"))
+    lora = engine_for(str(run))
+    encoder = engine_for(str(run / "encoder"))
+    texts = ["good good film", "bad film"]
+    blended = record.weight * lora.probabilities(texts) + (1 - record.weight) * encoder.probabilities(texts)
+    assert np.allclose(engine.probabilities(texts), blended)
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--engine", "ensemble"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["accuracy"] == pytest.approx(record.test.accuracy)  # the verdict's row, computed again
+    assert main(["serve", str(run), "--engine", "ensemble", "--port", "0"]) == 2

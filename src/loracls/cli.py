@@ -110,6 +110,11 @@ def cmd_serve(args) -> None:
     from loracls.inference.loaded import engine_for
     from loracls.inference.server import ServeLimits, serve
 
+    if args.engine == "ensemble":
+        raise LoraclsError(
+            "serve --engine ensemble: the ensemble row is run by predict and evaluate; serve the run (LoRA) and "
+            "RUN/encoder side by side: loracls serve RUN RUN/encoder"
+        )
     for path in args.run:  # each one a run or an exported model, said in one line before anything loads
         runs.check_model_dir(path)
     side_by_side = len(args.run) > 1 and any(runs.owning_run(Path(p)) != Path(p) for p in args.run)

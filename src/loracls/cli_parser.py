@@ -69,10 +69,11 @@ def _inference_options(parser) -> None:
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="override the run's precision")
     parser.add_argument(
         "--engine",
-        choices=["torch", "onnx", "onnx-int8", "ray"],
+        choices=["torch", "onnx", "onnx-int8", "ensemble", "ray"],
         default="torch",
         help="torch (default); onnx / onnx-int8: the run's ONNX export (export --format onnx [--quantize int8]) "
-        "through onnxruntime on the CPU; ray (predict --file --out): Ray Data over a pool of torch engines",
+        "through onnxruntime on the CPU; ensemble (predict, evaluate): the verdict's ensemble row, LoRA and the "
+        "run's encoder blended; ray (predict --file --out): Ray Data over a pool of torch engines",
     )
 
 

@@ -13,7 +13,6 @@ LoRA uses, so the two are compared on the same terms.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import math
 import time
@@ -32,9 +31,8 @@ from loracls.errors import Log, LoraclsError, first_line
 from loracls.model.scoring import Batching, predict_logits
 from loracls.model.source import resolve_encoder_dir
 from loracls.problems import Decision, evaluation
-from loracls.runs import EncoderRecord
+from loracls.runs import INPUT_FORMAT, EncoderRecord, InputFormat
 
-ENCODER_DECISION = "loracls_decision.json"  # beside a saved encoder: how its logits become labels
 ENCODER_PROBABILITIES = "probabilities.npz"  # its calibrated probabilities on the validation and test splits
 WARMUP_SHARE = 0.1  # of all steps: the usual recipe for fine-tuning BERT-like encoders
 
@@ -319,14 +317,15 @@ def run_encoder(
 
 def save_encoder(fitted: Fitted, folder: Path) -> None:
     """The chosen encoder as a standalone transformers classifier (AutoModelForSequenceClassification reads
-    it), its decision (ENCODER_DECISION) and its calibrated probabilities (ENCODER_PROBABILITIES); written to
+    it), its input format and decision (loracls_input.json, as beside every export: predict and serve read the
+    folder as a model) and its calibrated probabilities (ENCODER_PROBABILITIES); written to
     staging and swapped into place whole."""
     fit, decision = fitted.fit, fitted.decision
 
     def fill(staging: Path) -> None:
         fit.model.save_pretrained(str(staging), safe_serialization=True)
         fit.tokenizer.save_pretrained(str(staging))
-        files.write_json(staging / ENCODER_DECISION, dataclasses.asdict(decision))
+        InputFormat(None, fit.max_length, "truncate", None, decision).write(staging / INPUT_FORMAT)
         np.savez(
             staging / ENCODER_PROBABILITIES,
             validation=decision.probabilities(fitted.validation_logits),

@@ -23,7 +23,7 @@ class EngineOptions:
     batch_size: int | None = None  # texts a forward pass; None: the run's eval_batch_size
     device: str | None = None  # None: the run's device
     precision: str | None = None  # None: the run's precision
-    engine: str = "torch"  # torch | onnx | onnx-int8 (ray: predict --file --out only)
+    engine: str = "torch"  # torch | onnx | onnx-int8 | ensemble (ray: predict --file --out only)
 
 
 def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log: Log = print):
@@ -32,6 +32,10 @@ def engine_for(run_path: str, options: EngineOptions = EngineOptions(), log: Log
     engine, device, precision, batch_size = options.engine, options.device, options.precision, options.batch_size
     if engine == "ray":
         raise LoraclsError("--engine ray scores a file: predict RUN --file IN --out DIR --engine ray")
+    if engine == "ensemble":  # the verdict's ensemble row: LoRA and the run's saved encoder, blended
+        from loracls.inference.ensemble_engine import Ensemble
+
+        return Ensemble(run_path, log, batch_size, device, precision)
     scorer = "head"  # a merged classifier directory
     if (Path(run_path) / runs.CONFIG).is_file():
         scorer = problem_for(runs.read_config(runs.check_run_dir(run_path)).problem).scorer
