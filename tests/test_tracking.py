@@ -83,6 +83,15 @@ def test_a_run_with_report_to_is_tracked_end_to_end(gemma3_dir, data_csv, tmp_pa
     names = {a.path for a in client.list_artifacts(found.info.run_id)}
     assert {"metrics.json", "config.yaml", "report.html"} <= names
     assert _scalars(run)["test_accuracy"][0][1] == pytest.approx(metrics["test"]["accuracy"])
+    # one HParams entry: the settings beside the test metrics (the HParams tab compares runs by them)
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    assert session.session_start_info.hparams["learning_rate"].number_value == pytest.approx(0.005)
+    assert _scalars(run)["hparam/test_accuracy"][0][1] == pytest.approx(metrics["test"]["accuracy"])
 
 
 def test_a_tracker_without_its_extra_is_one_line_and_nothing_is_written(

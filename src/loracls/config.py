@@ -175,7 +175,8 @@ class Config:
     report_to: list[Literal["mlflow", "tensorboard"]] = _help(
         list,
         "experiment trackers fed with the settings, every train_log line, the test metrics and the records: "
-        "mlflow (MLFLOW_TRACKING_URI, else OUTPUT_DIR/mlruns), tensorboard (RUN/tensorboard); each an extra",
+        "mlflow (MLFLOW_TRACKING_URI, else OUTPUT_DIR/mlflow.db with files in OUTPUT_DIR/mlartifacts), tensorboard "
+        "(RUN/tensorboard, with an HParams entry a finished run); each an extra",
     )
     baselines: list[str] = _help(
         lambda: ["zero_shot", "tfidf", "encoder", "head"],

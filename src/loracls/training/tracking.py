@@ -177,6 +177,8 @@ class TensorboardTracker:
 
         self.directory, self.writer_class = run / self.DIR, SummaryWriter
         self.writer = SummaryWriter(str(self.directory))
+        self.hparams: dict = {}
+        self.final: dict[str, float] = {}  # the test metrics: the HParams tab's columns
 
     def rewind(self, step: int) -> None:
         self.writer.close()
@@ -184,10 +186,15 @@ class TensorboardTracker:
 
     def params(self, values: dict) -> None:
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in values.items()))
+        # the HParams tab takes numbers, text and booleans; lists and mappings as their text
+        self.hparams = {
+            k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in values.items() if v is not None
+        }
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         for key, value in values.items():
             self.writer.add_scalar(key, value, step)
+        self.final.update({f"hparam/{k}": v for k, v in values.items() if k.startswith("test_")})
 
     def artifacts(self, paths: list[Path]) -> None:
         for path in paths:
@@ -195,6 +202,8 @@ class TensorboardTracker:
                 self.writer.add_text(path.name, "    " + path.read_text().replace("\n", "\n    "))
 
     def close(self, failed: bool) -> None:
+        if self.final and not failed:  # one HParams entry a finished run: runs compared on the HParams tab
+            self.writer.add_hparams(self.hparams, self.final, run_name=".")
         self.writer.close()
 
 
