@@ -110,6 +110,12 @@ class Config:
         "PEFT's variants: rslora (alpha / sqrt(r) scaling; chosen on validation over 5 sets, docs/benchmarks.md), "
         "lora (alpha / r), dora (weight-decomposed LoRA)",
     )
+    method: Literal["lora", "full"] = _help(
+        "lora",
+        "lora: PEFT adapters on target_modules, the head trained in full; full: every weight of the decoder and the "
+        "head trained at full_learning_rate (AdamW's state for all of them, sized and refused up front where it "
+        "cannot fit; single_label and multi_label)",
+    )
     target_modules: list[str] | None = _help(
         None,
         "module-name suffixes (PEFT's) or regexes over full names, matched strictly; null: the family's query and "
@@ -118,6 +124,12 @@ class Config:
     # --- optimisation ---
     learning_rate: float = _help(
         1e-3, "AdamW's peak learning rate (1e-3: chosen on validation over 3 sets, docs/benchmarks.md)", gt=0.0, le=10.0
+    )
+    full_learning_rate: float = _help(
+        2e-5,
+        "method: full: AdamW's peak learning rate (every weight moves: LoRA's 1e-3 would wreck them)",
+        gt=0.0,
+        le=1,
     )
     weight_decay: float = _help(0.01, "AdamW's weight decay", ge=0.0)
     batch_size: int = _help(16, "examples a micro-batch on GPU (a step is batch_size x gradient_accumulation)", ge=1)
@@ -269,6 +281,15 @@ class Config:
         """What only one problem type allows is refused by that type (`Problem.check_config`, when data loads)."""
         if self.label_separator == "":
             raise LoraclsError("config: label_separator must not be empty")
+        if self.method == "full" and self.problem == "label_and_comment":
+            raise LoraclsError("config: method full trains a classifier head: single_label or multi_label")
+        if self.method == "full" and self.quantization != "none":
+            raise LoraclsError("config: method full trains every weight: quantization (QLoRA) is for method lora")
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """The optimizer's peak rate: learning_rate for LoRA, full_learning_rate for full fine-tuning."""
+        return self.full_learning_rate if self.method == "full" else self.learning_rate
 
     @property
     def balanced_splits(self) -> bool:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["LORA_ROW", "LadderRow", "Verdict", "decide", "standard_error"]
+__all__ = ["FULL_ROW", "LORA_ROW", "LadderRow", "Verdict", "decide", "standard_error"]
 
 LORA_ROW = "LoRA"  # the trained classifier's row: the one every other row is compared with
+FULL_ROW = "full fine-tune"  # the same row where every weight was trained (method: full)
 
 
 @dataclass
@@ -99,10 +100,12 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
             f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(runner_up)} costs "
             f"{_cost_ratio(runner_up, ship)} {_owner(ship)} cost per text)"
         )
-    lora = next((r for r in rows if r.name == LORA_ROW), None)
+    lora = next((r for r in rows if r.name in (LORA_ROW, FULL_ROW)), None)
     if lora is not None and ship is not lora and runner_up is not lora:
         gap_lora = 100 * (_score(ship, metric) - _score(lora, metric))
-        versus = f"; {gap_lora:+.1f} over LoRA, which costs {_cost_ratio(lora, ship)} {_owner(ship)} cost per text"
+        versus = (
+            f"; {gap_lora:+.1f} over {lora.name}, which costs {_cost_ratio(lora, ship)} {_owner(ship)} cost per text"
+        )
     else:
         versus = ""
     return (
@@ -117,7 +120,7 @@ def _owner(row: LadderRow) -> str:
 
 def _called(row: LadderRow) -> str:
     """How a sentence names a row: LoRA by name, the others with "the" (the encoder mpnet-base, the TF-IDF)."""
-    return row.name if row.name == LORA_ROW else f"the {row.name}"
+    return row.name if row.name in (LORA_ROW, FULL_ROW) else f"the {row.name}"
 
 
 def format_table(verdict: Verdict) -> str:

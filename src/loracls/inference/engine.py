@@ -12,7 +12,7 @@ import numpy as np
 
 from loracls import runs
 from loracls.data.batching import Encoded, TextEncoder
-from loracls.errors import Log, LoraclsError, first_line
+from loracls.errors import Log, LoraclsError
 from loracls.hardware import setup_runtime
 from loracls.model.classifier import HeadSpec, load_classifier, load_standalone
 from loracls.model.scoring import Batching, predict_logits
@@ -145,14 +145,12 @@ class Classifier(RunFormat):
             self.decision = runs.InputFormat.read(merged / runs.INPUT_FORMAT).decision  # the temperature is in the head
             self.source = str(merged)
             return
-        from peft import PeftModel
+        from loracls.model.methods import method_of
 
         loaded = load_classifier(resolve_model_dir(config.model, log), self.id2label, log=log, head=HeadSpec.of(config))
-        try:
-            adapter = PeftModel.from_pretrained(loaded.model, str(run / runs.ADAPTER))
-        except Exception as exc:  # a damaged or foreign adapter directory
-            raise LoraclsError(f"cannot load the adapter in {run / runs.ADAPTER}: {first_line(exc, 200)}") from None
-        self.model, self.tokenizer = adapter.merge_and_unload(), loaded.tokenizer
+        method = method_of(run / runs.ADAPTER)
+        trained = method.load_onto(loaded.model, run / runs.ADAPTER)
+        self.model, self.tokenizer = method.standalone(trained), loaded.tokenizer
         self.source = f"{config.model} + {run / runs.ADAPTER} (merged in memory)"
 
     def _from_merged(self, directory: Path, log, device: str | None, precision: str | None) -> None:

@@ -16,6 +16,7 @@ from loracls.hardware import Runtime
 from loracls.inference.plain_check import plain_transformers_probabilities, write_model_card
 from loracls.model.classifier import is_generic, load_standalone, write_generic_module
 from loracls.model.lora import head_name
+from loracls.model.methods import method_of
 from loracls.model.scorers import Built, Scorer, Setup, comments, label_logprobs, scorer_for
 from loracls.model.scoring import Batching, predict_logits
 from loracls.problems import Decision, problem_for
@@ -77,7 +78,7 @@ def export_merged(setup: Setup, scorer: Scorer, built: Built | None, run: Path) 
         return predict_logits(model, ids, Batching(tokenizer.pad_token_id, batch_size, exact))
 
     adapter_probs = decision.probabilities(logits(peft_model))
-    merged = peft_model.merge_and_unload()
+    merged = method_of(run / runs.ADAPTER).standalone(peft_model)  # LoRA merged in; full: the model itself
     exported = decision.kind.fold_into_head(getattr(merged, head_name(merged)), merged.config, decision, id2label)
     merged = merged.to(DTYPES[dtype])
     fmt = replace(InputFormat.of_run(config, decision), decision=exported)

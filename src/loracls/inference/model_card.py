@@ -132,7 +132,9 @@ _VARIANT_NAMES = {"lora": "plain LoRA", "rslora": "rsLoRA", "dora": "DoRA"}
 
 def _what(kind: str, config: Config, student) -> str:
     return {
-        "adapter": f"a LoRA adapter ({_VARIANT_NAMES[config.lora_variant]}, r {config.r}) and classification head",
+        "adapter": f"a LoRA adapter ({_VARIANT_NAMES[config.lora_variant]}, r {config.r}) and classification head"
+        if config.method == "lora"
+        else "every weight of the fully fine-tuned classifier (full_model.safetensors; merged/ is the same model)",
         "merged": "the classifier with its LoRA merged",
         "student": f"{student.model if student else 'an encoder'} distilled from the LoRA classifier",
         "onnx": f"{f'the distilled {student.model}' if student else 'the classifier'} as ONNX (checked by onnxruntime)",

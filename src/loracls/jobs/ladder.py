@@ -247,13 +247,13 @@ def ensemble_row(record: EnsembleRecord, lora: LadderRow, encoder: LadderRow) ->
     text passes through both models: 1 / (1/a + 1/b) texts per second)."""
     speeds = [lora.texts_per_second, encoder.texts_per_second]
     return LadderRow(
-        f"ensemble (LoRA + {record.encoder})",
+        f"ensemble ({lora.name} + {record.encoder})",
         record.test.accuracy,
         record.test.macro_f1,
         train_seconds=_sum(lora.train_seconds, encoder.train_seconds),
         texts_per_second=None if None in speeds or 0 in speeds else 1 / (1 / speeds[0] + 1 / speeds[1]),
         parameters=_sum(lora.parameters, encoder.parameters),
-        detail=f"calibrated probabilities averaged, LoRA x {record.weight:g} (chosen on validation)",
+        detail=f"calibrated probabilities averaged, {lora.name} x {record.weight:g} (chosen on validation)",
     )
 
 

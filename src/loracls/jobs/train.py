@@ -49,7 +49,7 @@ from loracls.training.logger import RunLogger
 from loracls.training.loop import Trainer, TrainResult
 from loracls.training.plan import describe
 from loracls.training.tracking import Tracking, check_usable, tracking
-from loracls.verdict import LORA_ROW, LadderRow
+from loracls.verdict import FULL_ROW, LORA_ROW, LadderRow
 
 
 @dataclass
@@ -97,14 +97,15 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     job.built.model = None  # the export starts from the saved adapter
     export = export_run(job.setup, job.scorer, job.built, job.run) if job.config.merge else None
     lora = LadderRow(
-        LORA_ROW,
+        LORA_ROW if job.config.method == "lora" else FULL_ROW,
         test.accuracy,
         test.macro_f1,
         ece=calibration.after.ece if calibration else None,
         train_seconds=result.seconds,
         texts_per_second=texts_per_second,
         parameters=summary.parameters,
-        detail=f"{job.config.model}, r={job.config.r}, {summary.lora_modules} modules",
+        detail=f"{job.config.model}, "
+        + (f"r={job.config.r}, {summary.lora_modules} modules" if job.config.method == "lora" else "every weight"),
     )
     metrics = Metrics(
         test=test,

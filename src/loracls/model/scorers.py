@@ -20,19 +20,19 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
-from peft import PeftModel
 
 from loracls.config import Config
 from loracls.data.batching import Encoded, TextEncoder, TrainSet, check_texts_have_tokens
 from loracls.data.splits import Dataset, Split, class_weight_vector
-from loracls.errors import Log, LoraclsError, first_line, quiet
+from loracls.errors import Log, quiet
 from loracls.hardware import Runtime
 from loracls.metrics import comment_scores
 from loracls.model.checkpoint import load_causal_lm
 from loracls.model.classifier import HeadSpec, check_max_length, init_head_from_verbalizers, load_classifier
 from loracls.model.generation import Decoding, Generated, comments_after_labels
 from loracls.model.label_scoring import LabelPrompt, LabelScorer
-from loracls.model.lora import LoraReport, LoraSpec, apply_causal_lora, apply_lora
+from loracls.model.lora import LoraReport, LoraSpec, apply_causal_lora
+from loracls.model.methods import method_named, method_of
 from loracls.model.scoring import Batching, evaluate, predict_logits
 from loracls.model.tokenizer import load_tokenizer
 from loracls.problems import Decision, Evaluation, Problem, evaluation, training_sequence
@@ -105,11 +105,9 @@ def scorer_for(problem: Problem) -> Scorer:
     return SCORERS[problem.scorer]()
 
 
-def _adapter_on(base: torch.nn.Module, adapter: Path) -> PeftModel:
-    try:
-        return PeftModel.from_pretrained(base, str(adapter))
-    except Exception as exc:  # a damaged or foreign adapter directory
-        raise LoraclsError(f"cannot load the adapter in {adapter}: {first_line(exc, 200)}") from None
+def _adapter_on(base: torch.nn.Module, adapter: Path) -> torch.nn.Module:
+    """The run's trained weights on a fresh base, by the method that saved them (model/methods.py)."""
+    return method_of(adapter).load_onto(base, adapter)
 
 
 @register
@@ -126,7 +124,7 @@ class HeadScorer:
         )
         if head_words is not None:
             _verbalizer_head(loaded, head_words, log)
-        model, lora = apply_lora(loaded.model, LoraSpec.of(config), log)
+        model, lora = method_named(config.method).apply(loaded.model, config, setup.runtime, log)
         encoded = encode_splits(loaded.tokenizer, dataset, config, log)
         # unknown label names are refused here, before anything is written
         weights = class_weight_vector(config.class_weights, dataset)

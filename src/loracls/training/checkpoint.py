@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loracls import files
 from loracls.errors import LoraclsError, first_line
+from loracls.model.methods import method_named
 from loracls.training import distributed
 from loracls.training.plan import Optimization
 
@@ -205,8 +206,8 @@ def restore(payload: dict, model, opt: Optimization) -> None:
 
 
 def save_adapter(directory: Path, model, state_dict: dict[str, torch.Tensor]) -> None:
-    """The best adapter so far, replacing the previous one in one step (rank 0 writes)."""
+    """The best adapter (method full: the best weights) so far, replacing the previous one in one step (rank 0
+    writes), saved the way the model's method saves (model/methods.py)."""
     if distributed.is_main():
-        files.replace_dir(
-            directory, lambda target: model.save_pretrained(target, state_dict=state_dict), "the best adapter"
-        )
+        method = method_named("lora" if hasattr(model, "peft_config") else "full")
+        files.replace_dir(directory, lambda target: method.save(target, model, state_dict), "the best adapter")

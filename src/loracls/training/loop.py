@@ -252,7 +252,7 @@ class Trainer:
         to zero over the extension epoch."""
         into = (self.state.step - self.plan.total_steps) % self.plan.steps_per_epoch
         progress = into / max(self.plan.steps_per_epoch, 1)
-        return self.config.learning_rate * EXTENSION_RESTART * 0.5 * (1 + math.cos(math.pi * progress))
+        return self.config.peak_learning_rate * EXTENSION_RESTART * 0.5 * (1 + math.cos(math.pi * progress))
 
     def fit(self) -> TrainResult:
         state, start = self.state, time.perf_counter()

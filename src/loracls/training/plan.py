@@ -69,8 +69,8 @@ def make_optimizer(params, config: Config) -> torch.optim.Optimizer:
     if config.optimizer == "adamw_8bit":  # availability checked before the run starts
         import bitsandbytes
 
-        return bitsandbytes.optim.AdamW8bit(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        return bitsandbytes.optim.AdamW8bit(params, lr=config.peak_learning_rate, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.peak_learning_rate, weight_decay=config.weight_decay)
 
 
 @dataclass
