@@ -390,3 +390,35 @@ def test_the_students_export_is_checked_in_fp32_not_against_its_autocast_scores(
     assert main(["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1"]) == 0
     record = runs.read_student(run)
     assert record.export.predictions_equal and record.export.disagreements == 0
+
+
+def test_the_ensemble_row_can_teach(trained_runs, tmp_path, capsys):
+    """--teacher ensemble: the blend's probabilities are taught (cached apart from LoRA's), the student's row says
+    so and its cost is put on the ensemble row's scale; a run without an ensemble row refuses it in one line."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_runs["gemma3"], run)
+    args = ["distill", str(run), "--student", str(TINY_ENCODER[0]), "--weights", "1", "--teacher", "ensemble"]
+    if not (run / runs.ENSEMBLE).is_file():
+        assert main(args) == 2 and "has no ensemble row" in capsys.readouterr().err
+        return
+    assert main(args) == 0
+    record = runs.read_student(run)
+    assert record.teacher == "ensemble" and (run / "teacher_scores_ensemble").is_dir()
+    rows = {row.name: row for row in runs.read_metrics(run).verdict.rows}
+    assert "distilled from the ensemble" in rows["student"].detail
+    blend = next(row for name, row in rows.items() if name.startswith("ensemble"))
+    side_by_side = record.texts_per_second / record.teacher_texts_per_second
+    assert rows["student"].texts_per_second / blend.texts_per_second == pytest.approx(side_by_side)
+
+
+def test_auto_teaches_the_ensemble_only_where_it_is_the_best_row(tmp_path, monkeypatch):
+    from loracls.jobs import distill as module
+    from loracls.verdict import LadderRow, decide
+
+    (tmp_path / runs.ENSEMBLE).write_text("{}")
+    for ensemble, expected in ((0.90, "ensemble"), (0.85, "lora")):
+        rows = [LadderRow("LoRA", 0.85, 0.85), LadderRow("ensemble (LoRA + m)", ensemble, ensemble)]
+        verdict = decide(rows, 500)
+        monkeypatch.setattr(module.runs, "read_metrics", lambda run, v=verdict: type("M", (), {"verdict": v}))
+        assert module.teacher_kind(tmp_path, "auto") == expected  # a tie goes to LoRA
+    assert module.teacher_kind(tmp_path, "lora") == "lora"

@@ -286,6 +286,7 @@ def cmd_distill(args) -> None:
         temperature=args.temperature,
         learning_rate=args.learning_rate,
         batch_size=args.batch_size,
+        teacher=args.teacher,
     )
     distill(args.run, options, log)
     if (Path(args.run) / REPORT).is_file():  # the report shows the verdict with the student's row

@@ -155,6 +155,13 @@ def _run_commands(sub) -> None:
     p = sub.add_parser("distill", help="teach a small encoder the run's probabilities; it joins the run's verdict")
     p.add_argument("run")
     p.add_argument("--student", default="minilm", help="minilm (default), mpnet-base, or an HF encoder directory")
+    p.add_argument(
+        "--teacher",
+        choices=["auto", "lora", "ensemble"],
+        default="auto",
+        help="whose probabilities are taught: the run's LoRA, its ensemble row (LoRA + encoder), or auto (default): "
+        "the ensemble where it is the verdict's best row, else LoRA",
+    )
     p.add_argument("--student-layers", type=_positive, help="keep N of the student's layers (spread evenly): cheaper")
     p.add_argument("--unlabeled", metavar="FILE", help="texts the teacher labels too (CSV/JSONL/Parquet/TXT)")
     p.add_argument("--max-unlabeled", type=int, default=10_000, help="at most N unlabeled texts (a seeded draw)")

@@ -255,6 +255,7 @@ class StudentRecord(EncoderRecord):
     holds the grid of teacher weights, by weight), with its teacher and what it cost beside it."""
 
     teacher_weight: float = 1.0  # the teacher's share of the loss, chosen on validation
+    teacher: str = "lora"  # lora | ensemble: whose probabilities were taught
     distill_temperature: float = 1.0  # the teacher's and student's logits divided by it in the soft term
     training_texts: int = 0  # the training split's texts
     unlabeled_texts: int = 0  # texts with the teacher's probabilities only

@@ -47,7 +47,7 @@ class Ensemble:
         self.encoder = Classifier(str(folder), log, batch_size, device, precision)
         if self.encoder.id2label != self.lora.id2label:
             raise LoraclsError(f"--engine ensemble: {folder} has other labels than the run")
-        self.weight, self.id2label = record.weight, self.lora.id2label
+        self.weight, self.id2label, self.labels = record.weight, self.lora.id2label, self.lora.labels
         self.decision = Decision(self.lora.decision.problem, thresholds=record.thresholds)
         self.name, self.source = Path(run).name, f"{self.lora.source} x {record.weight:g} + {folder}"
 

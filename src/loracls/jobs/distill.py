@@ -42,7 +42,7 @@ from loracls.data.splits import Dataset, left_out_texts, load_dataset
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts, text_chunks
 from loracls.errors import Log, LoraclsError, quiet
 from loracls.hardware import Runtime, setup_runtime
-from loracls.inference.engine import Engine
+from loracls.inference.engine import Classifier, Engine
 from loracls.inference.export import compare_predictions, export_checked, refuse_unfaithful, save_text_layout
 from loracls.inference.loaded import EngineOptions, engine_for
 from loracls.inference.model_card import write_cards
@@ -72,6 +72,7 @@ class DistillOptions:
     temperature: float = 1.0  # distillation temperature (> 1: softer targets); 1: the calibrated probabilities
     learning_rate: float | None = None  # None: what the run's encoder baseline chose for this encoder, else 1e-4
     batch_size: int | None = None  # the teacher's texts a forward pass; None: the run's eval_batch_size
+    teacher: str = "auto"  # lora | ensemble | auto: the ensemble row where it is the verdict's best, else LoRA
 
 
 @dataclass
@@ -95,6 +96,7 @@ def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log 
         spec = StudentSpec(options.student, options.weights, _learning_rate(job), options.student_layers)
         record, fitted = run_student(job.dataset, job.config, job.runtime, spec, teaching, log)
         record.augmented_texts = job.augmented
+        record.teacher = "lora" if isinstance(job.teacher, Classifier) else "ensemble"
         record.export = _export(job, fitted)
         _test_beside_teacher(job, record, fitted)
         _record(job, record)
@@ -132,10 +134,31 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     unlabeled = _at_most(_unlabeled(source, data, dataset, log), options.max_unlabeled, config.seed, log)
     augmented = _augmented(dataset, unlabeled, options.augment, config.seed, log)
     runtime = setup_runtime(config.device, config.precision, config.threads)
-    teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size), quiet)
+    kind = teacher_kind(run, options.teacher)
+    teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size, engine=_ENGINES[kind]), quiet)
     layers = f" ({options.student_layers} of its layers)" if options.student_layers else ""
-    log(f"distill: teacher {teacher.source}; student {options.student}{layers}")
+    log(f"distill: teacher {teacher.source} ({kind}); student {options.student}{layers}")
     return DistillJob(run, config, dataset, unlabeled + augmented, len(augmented), teacher, runtime, options, log)
+
+
+_ENGINES = {"lora": "torch", "ensemble": "ensemble"}
+
+
+def teacher_kind(run: Path, asked: str) -> str:
+    """lora or ensemble: what was asked, or (auto) the ensemble where its row scores best in the run's verdict
+    (the strongest teacher the run has), else LoRA. An ensemble asked of a run without one is refused."""
+    has_ensemble = (run / runs.ENSEMBLE).is_file()
+    if asked == "ensemble" and not has_ensemble:
+        raise LoraclsError(f"distill --teacher ensemble: {run} has no ensemble row ({runs.ENSEMBLE} missing)")
+    if asked != "auto":
+        return asked
+    verdict = runs.read_metrics(run).verdict
+    if not has_ensemble or verdict is None:
+        return "lora"
+    score = {row.name: row.macro_f1 if verdict.metric == "macro_f1" else row.accuracy for row in verdict.rows}
+    blend = next((name for name in score if name.startswith("ensemble")), None)
+    ahead = blend is not None and all(score[blend] > value for name, value in score.items() if name != blend)
+    return "ensemble" if ahead else "lora"  # a tie goes to LoRA: one model to run, not two
 
 
 def _unlabeled_file(file: str | None, data: DataSpec) -> TextColumn | None:
@@ -185,7 +208,8 @@ def _augmented(dataset: Dataset, unlabeled: list[str], copies: int, seed: int, l
 def _teach(job: DistillJob) -> Teaching:
     train = job.dataset.train
     texts = list(train.texts) + job.unlabeled
-    probabilities = teacher_probabilities(job.teacher, texts, job.run / runs.TEACHER_SCORES, job.log)
+    cache = job.run / (runs.TEACHER_SCORES + ("" if isinstance(job.teacher, Classifier) else "_ensemble"))
+    probabilities = teacher_probabilities(job.teacher, texts, cache, job.log)
     gold = list(train.labels) + [None] * len(job.unlabeled)
     return Teaching(texts, probabilities, gold, temperature=job.options.temperature)
 
@@ -331,8 +355,9 @@ def _record(job: DistillJob, record: StudentRecord) -> None:
     metrics = runs.read_metrics(job.run)
     if metrics.verdict is not None:
         verdict = metrics.verdict
-        lora = next((row for row in verdict.rows if row.name == LORA_ROW), None)
-        rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record, lora)]
+        taught_by = "ensemble" if record.teacher == "ensemble" else LORA_ROW
+        teacher = next((row for row in verdict.rows if row.name.startswith(taught_by)), None)
+        rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record, teacher)]
         metrics.verdict = decide(rows, verdict.examples, verdict.metric)
         runs.write_record(job.run / runs.METRICS, metrics)
         job.log(f"verdict: {metrics.verdict.reason}")
@@ -348,8 +373,9 @@ def student_row(record: StudentRecord, teacher: LadderRow | None = None) -> Ladd
     if record.teacher_texts_per_second:
         ratio = record.texts_per_second / record.teacher_texts_per_second
         speed = f", {ratio:.1f}x the teacher's texts/s side by side ({record.texts_per_second:.0f} texts/s there)"
+    source = "the ensemble" if record.teacher == "ensemble" else "LoRA"
     detail = (
-        f"{record.model}{_layers_said(record)} distilled from LoRA (teacher weight {record.teacher_weight:g}, "
+        f"{record.model}{_layers_said(record)} distilled from {source} (teacher weight {record.teacher_weight:g}, "
         f"{record.unlabeled_texts} unlabeled texts{_augmented_said(record)}), "
         f"best epoch {record.best_epoch} of {record.epochs}{speed}"
     )
