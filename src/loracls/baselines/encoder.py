@@ -126,6 +126,16 @@ class EncoderFit:
             return scored.metrics.macro_f1
         return self.dataset.kind.headline(scored.metrics)
 
+    def _backward(self, rows: list[int]) -> None:
+        """One training batch's forward pass and the gradients of its loss."""
+        batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
+        with self.runtime.autocast:
+            logits = self.model(
+                input_ids=batch["input_ids"].to(self.runtime.device),
+                attention_mask=batch["attention_mask"].to(self.runtime.device),
+            ).logits
+        self.loss(rows, logits.float()).backward()
+
     def _epoch(self, optimizer, scheduler, epoch: int) -> None:
         config = self.config
         batches = length_grouped_batches(
@@ -133,14 +143,7 @@ class EncoderFit:
         )
         self.model.train()
         for rows in batches:
-            batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
-            with self.runtime.autocast:
-                logits = self.model(
-                    input_ids=batch["input_ids"].to(self.runtime.device),
-                    attention_mask=batch["attention_mask"].to(self.runtime.device),
-                ).logits
-            loss = self.loss(rows, logits.float())
-            loss.backward()
+            self._backward(rows)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             optimizer.step()
             scheduler.step()
@@ -184,13 +187,7 @@ class EncoderFit:
         began = time.perf_counter()
         self.model.train()
         for rows in timed:
-            batch = collate([self.ids["train"][i] for i in rows], self.tokenizer.pad_token_id)
-            with self.runtime.autocast:
-                logits = self.model(
-                    input_ids=batch["input_ids"].to(self.runtime.device),
-                    attention_mask=batch["attention_mask"].to(self.runtime.device),
-                ).logits
-            self.loss(rows, logits.float()).backward()
+            self._backward(rows)
         self.model.zero_grad(set_to_none=True)
         per_text = (time.perf_counter() - began) / max(sum(len(rows) for rows in timed), 1)
         return per_text * (len(self.ids["train"]) + len(self.ids["validation"]) / 3)
