@@ -21,6 +21,15 @@ def log(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
+def _progress_bars_on_a_terminal_only() -> None:
+    """Progress bars redraw one line with carriage returns: on a terminal that is one moving line, in a file a
+    pile of frames. Where stderr is not a terminal they are off (tqdm reads TQDM_DISABLE); the job's own log
+    lines (a line every `log_every` steps, each validation) still say how far it is. LORACLS_PROGRESS=1 keeps
+    them."""
+    if not sys.stderr.isatty() and os.environ.get("LORACLS_PROGRESS") != "1":
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore")
@@ -355,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(capped(f"loracls: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
+    _progress_bars_on_a_terminal_only()
     try:
         if args.command not in CONFIG_FIRST:
             _quiet_libraries()
