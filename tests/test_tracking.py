@@ -121,3 +121,23 @@ def test_an_unusable_mlflow_store_is_one_line_before_the_run_dir(
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("loracls: ")]
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_mlflow_keeps_the_merged_classifier_as_a_loadable_model(gemma3_dir, data_csv, tmp_path, capsys):
+    import mlflow.pyfunc
+
+    extra = dict(report_to=["mlflow"], baseline=False, epochs=1, train_size=48)
+    assert main(["train", *tiny_overrides(gemma3_dir, data_csv, tmp_path, **extra)]) == 0
+    client, found = _mlflow_run(tmp_path)
+    assert "model" in {a.path for a in client.list_artifacts(found.info.run_id)}
+    local = client.download_artifacts(found.info.run_id, "model", str(tmp_path / "downloaded"))
+    predicted = mlflow.pyfunc.load_model(local).predict(["good good film", "bad film"])
+    out = tmp_path / "p.jsonl"
+    assert (
+        main(["predict", str(tmp_path / "run"), "--text", "good good film", "--text", "bad film", "--out", str(out)])
+        == 0
+    )
+    ours = [json.loads(line) for line in out.read_text().splitlines()]
+    assert list(predicted["label"]) == [row["prediction"] for row in ours]
+    for row, score in zip(ours, predicted["score"]):
+        assert abs(row["probabilities"][row["prediction"]] - score) < 1e-3

@@ -130,6 +130,8 @@ def _train(config: Config | None, log, resume: str | None, held: contextlib.Exit
     final = {"test_accuracy": test.accuracy, "test_macro_f1": test.macro_f1, "wall_seconds": metrics.wall_seconds}
     job.tracking.metrics(final | ({"test_ece": calibration.after.ece} if calibration else {}), result.steps)
     job.tracking.artifacts([job.run / name for name in (runs.METRICS, runs.CONFIG, runs.TRAIN_LOG)])
+    if job.config.problem != "label_and_comment":  # a classifier: MLflow keeps it as a loadable model
+        job.tracking.model(job.run / runs.MERGED, job.log)
     _say_done(job, metrics)
     return job.run
 

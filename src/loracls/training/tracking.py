@@ -162,6 +162,23 @@ class MlflowTracker:
         for path in paths:
             self.client.log_artifact(self.run_id, str(path))
 
+    def model(self, folder: Path) -> None:
+        """The merged classifier as an MLflow model (the transformers flavor, a text-classification pipeline)
+        under the run's `model` artifact: `mlflow.pyfunc.load_model("runs:/<id>/model")` reads it, and the
+        registry can take it (`mlflow.register_model`)."""
+        import tempfile
+
+        import mlflow.transformers
+        from transformers import pipeline
+
+        remote = (folder / "modeling_loracls_generic.py").is_file()
+        classify = pipeline("text-classification", model=str(folder), trust_remote_code=remote)
+        with tempfile.TemporaryDirectory() as staging:
+            saved = Path(staging) / "model"
+            # the requirements said, not inferred (MLflow's inference imports torchvision, which a CPU torch lacks)
+            mlflow.transformers.save_model(classify, str(saved), pip_requirements=["torch", "transformers"])
+            self.client.log_artifacts(self.run_id, str(saved), "model")
+
     def close(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
@@ -229,6 +246,16 @@ class Tracking:
     def artifacts(self, paths: list[Path]) -> None:
         for tracker in self.trackers:
             tracker.artifacts([path for path in paths if path.is_file()])
+
+    def model(self, folder: Path, log) -> None:
+        """The exported model, to each tracker that keeps models (MLflow); a failure is said, not raised: the
+        run itself is finished and written."""
+        for tracker in self.trackers:
+            if hasattr(tracker, "model") and folder.is_dir():
+                try:
+                    tracker.model(folder)
+                except Exception as exc:  # the run is done; the tracker's copy is a convenience
+                    log(f"{tracker.name}: the model was not logged ({type(exc).__name__}: {first_line(exc, 160)})")
 
 
 @contextmanager
