@@ -129,3 +129,34 @@ def test_the_openai_sdk_shows_vllms_error_message():
             client.models.retrieve("other")
         assert "`other` does not exist" in str(raised.value)
         assert client.models.retrieve("fake").id == "fake"
+
+
+def test_tei_timing_headers_and_the_anchors_metric_names():
+    predicted, classified, metrics = ask(
+        FakeClassifier(),
+        [
+            ("POST", "/predict", {"inputs": ["good film", "bad"]}),
+            ("POST", "/classify", {"input": "good film"}),
+            ("GET", "/metrics", None),
+        ],
+    )
+    headers = predicted.headers
+    parts = [int(headers[name]) for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")]
+    assert all(part >= 0 for part in parts) and parts[0] >= max(parts[1:])  # the total holds each part
+    assert (
+        headers["x-compute-characters"] == str(len("good film") + len("bad")) and int(headers["x-compute-tokens"]) > 0
+    )
+    text = metrics.text
+    for line in (
+        'te_request_count{method="batch"} 1.0',
+        'te_request_success{method="batch"} 1.0',
+        'te_predict_count{method="batch"} 2.0',
+        "te_request_inference_duration_count 1.0",
+        "te_batch_next_size_count",
+        "te_queue_size ",
+        'vllm:request_success_total{finished_reason="stop",model_name="fake"} 1.0',
+        'vllm:e2e_request_latency_seconds_count{model_name="fake"} 1.0',
+        "vllm:prompt_tokens_total",
+        "vllm:num_requests_waiting ",
+    ):
+        assert line in text, line

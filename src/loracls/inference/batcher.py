@@ -26,6 +26,8 @@ class _Pending:
     ids: list[list[int]]
     model: str | None
     future: asyncio.Future
+    timing: dict | None = None  # filled with "queue" and "inference" seconds where the caller asks
+    queued_at: float = 0.0
 
 
 class Batcher:
@@ -57,8 +59,9 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    async def submit(self, ids: list[list[int]], model: str | None = None) -> np.ndarray:
-        """Logits for `ids` (one row per text) by `model`, computed in some batch with other requests' texts."""
+    async def submit(self, ids: list[list[int]], model: str | None = None, timing: dict | None = None) -> np.ndarray:
+        """Logits for `ids` (one row per text) by `model`, computed in some batch with other requests' texts;
+        `timing` (a dict) gets the seconds spent waiting for the batch (`queue`) and in it (`inference`)."""
         if len(ids) > self.max_queue:
             raise TooLarge(
                 f"{len(ids)} texts (or windows of long texts) in one request; the queue holds at most {self.max_queue}"
@@ -67,7 +70,7 @@ class Batcher:
             raise Overloaded(f"{self.queued_texts} texts are queued (limit {self.max_queue})")
         future = asyncio.get_running_loop().create_future()
         self.queued_texts += len(ids)
-        await self._queue.put(_Pending(ids, model, future))
+        await self._queue.put(_Pending(ids, model, future, timing, asyncio.get_running_loop().time()))
         return await future
 
     async def _gather(self) -> list[_Pending]:
@@ -95,6 +98,7 @@ class Batcher:
             batch = await self._gather()
             ids = [x for pending in batch for x in pending.ids]
             models = [pending.model for pending in batch for _ in pending.ids]
+            started = loop.time()
             try:
                 logits = await loop.run_in_executor(self._executor, self.score, ids, models)
             except Exception as exc:  # answered to every request of the batch; the worker goes on
@@ -110,3 +114,7 @@ class Batcher:
                 self.on_batch(len(ids))
             finally:
                 self.queued_texts -= len(ids)
+                ended = loop.time()
+                for pending in batch:
+                    if pending.timing is not None:
+                        pending.timing.update(queue=started - pending.queued_at, inference=ended - started)

@@ -57,6 +57,49 @@ class ServerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.queued = Gauge("loracls_queued_texts", "texts waiting or in the model", registry=self.registry)
+        self._anchor_series()
+
+    def _anchor_series(self) -> None:
+        """The series TEI's and vLLM's dashboards read, by their names (beside loracls's own): TEI's te_* on its
+        routes (/predict, /), vLLM's vllm:* on /classify. Durations in seconds."""
+        registry, seconds = self.registry, (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+        # TEI's counters are exposed without prometheus_client's `_total` suffix (its Rust `metrics` crate adds
+        # none): counted here as gauges that only go up, so `te_request_count` is the series a dashboard reads
+        self.te_requests = Gauge("te_request_count", "TEI: requests", ["method"], registry=registry)
+        self.te_success = Gauge("te_request_success", "TEI: requests answered", ["method"], registry=registry)
+        self.te_predictions = Gauge("te_predict_count", "TEI: texts classified", ["method"], registry=registry)
+        self.te_duration = {
+            part: Histogram(
+                f"te_request_{part}duration", f"TEI: {part or 'total '}time", registry=registry, buckets=seconds
+            )
+            for part in ("", "tokenization_", "queue_", "inference_")
+        }
+        self.vllm_latency = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "vLLM: request latency",
+            ["model_name"],
+            registry=registry,
+            buckets=seconds,
+        )
+        self.vllm_prompt_tokens = Counter(
+            "vllm:prompt_tokens", "vLLM: prompt tokens", ["model_name"], registry=registry
+        )  # exposed as vllm:prompt_tokens_total
+        self.vllm_success = Counter(
+            "vllm:request_success", "vLLM: requests answered", ["model_name", "finished_reason"], registry=registry
+        )  # exposed as vllm:request_success_total
+        self.te_batch = Histogram(
+            "te_batch_next_size", "TEI: texts per batch", registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
+        )
+        self.te_queue = Gauge("te_queue_size", "TEI: texts waiting or in the model", registry=registry)
+        self.vllm_waiting = Gauge("vllm:num_requests_waiting", "vLLM: texts waiting or in the model", registry=registry)
+
+    def on_batch(self, size: int) -> None:
+        self.batch_size.observe(size)
+        self.te_batch.observe(size)
+
+    def queue_from(self, read) -> None:
+        for gauge in (self.queued, self.te_queue, self.vllm_waiting):
+            gauge.set_function(read)
 
 
 class BodyLimit:

@@ -57,10 +57,10 @@ class Served:
         return self.runs[name]
 
 
-async def logits_of(batcher: Batcher, classifier, encoded, metrics) -> np.ndarray:
+async def logits_of(batcher: Batcher, classifier, encoded, metrics, timing: dict | None = None) -> np.ndarray:
     """Per-text logits by `classifier` (one served run), computed in some batch with other requests' texts (a
-    long text's windows averaged under long_text: chunks)."""
-    logits = encoded.per_text(await batcher.submit(encoded.ids, classifier.name))
+    long text's windows averaged under long_text: chunks); `timing` gets the queue and inference seconds."""
+    logits = encoded.per_text(await batcher.submit(encoded.ids, classifier.name, timing))
     metrics.texts.labels(classifier.name).inc(len(encoded.long))
     return logits
 

@@ -87,8 +87,8 @@ def create_app(
     max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE,
 ) -> FastAPI:
     metrics, served = ServerMetrics(), Served(classifier)
-    batcher = Batcher(served.score, max_batch_size, max_wait_ms, max_queue, metrics.batch_size.observe)
-    metrics.queued.set_function(lambda: batcher.queued_texts)
+    batcher = Batcher(served.score, max_batch_size, max_wait_ms, max_queue, metrics.on_batch)
+    metrics.queue_from(lambda: batcher.queued_texts)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -170,7 +170,7 @@ async def encoded_off_loop(classifier, texts: list[str], **cut):
 @router.post("/v1/classify", response_model_exclude_none=True, responses=ERRORS["classify"], include_in_schema=False)
 @router.post("/classify", response_model_exclude_none=True, responses=ERRORS["classify"])
 async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
-    serving = Serving(request)
+    started, serving = time.perf_counter(), Serving(request)
     classifier = serving.served.pick(body.model)
     texts = serving.texts(body.input)
     last = body.truncate_prompt_tokens
@@ -183,9 +183,12 @@ async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
     if classifier.writes_comments:  # label_and_comment: generated after the label
         for item, comment in zip(items, await _comments(classifier, texts, classifier.decision.chosen(probs))):
             item.comment = comment
+    usage = _usage(classifier, encoded)
+    serving.metrics.vllm_prompt_tokens.labels(classifier.name).inc(usage.prompt_tokens)
+    serving.metrics.vllm_success.labels(classifier.name, "stop").inc()
+    serving.metrics.vllm_latency.labels(classifier.name).observe(time.perf_counter() - started)
     return ClassifyResponse(
-        id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=classifier.name, data=items,
-        usage=_usage(classifier, encoded),
+        id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=classifier.name, data=items, usage=usage,
     )  # fmt: skip
 
 
@@ -214,21 +217,45 @@ async def root(
 
 
 async def _predicted(body: PredictRequest, serving: Serving, model: str | None, nested: bool) -> JSONResponse:
-    """TEI's /predict: each text's labels by score (`nested`: a list of lists even for one text)."""
+    """TEI's /predict: each text's labels by score (`nested`: a list of lists even for one text), with TEI's
+    timing headers and te_* series."""
+    started, timing = time.perf_counter(), {}
     classifier = serving.served.pick(model)
+    texts = serving.texts(body.inputs)
+    method = "single" if isinstance(body.inputs, str) else "batch"
+    serving.metrics.te_requests.labels(method).inc()
     left = body.truncation_direction.lower() == "left"
-    encoded = await encoded_off_loop(classifier, serving.texts(body.inputs), **({"keep_end": True} if left else {}))
+    encoded = await encoded_off_loop(classifier, texts, **({"keep_end": True} if left else {}))
+    timing["tokenization"] = time.perf_counter() - started
     if body.truncate is False and classifier.long_text != "chunks" and any(encoded.long):
         raise _InputTooLong(
             f"input {encoded.long.index(True)} is longer than max_length {classifier.max_length} tokens and "
             f"truncate is false"
         )
-    logits = await logits_of(serving.batcher, classifier, encoded, serving.metrics)
+    logits = await logits_of(serving.batcher, classifier, encoded, serving.metrics, timing)
     scores, labels = (logits if body.raw_scores else classifier.calibrated(logits)), classifier.labels
     rows = [[item.model_dump() for item in _ranked(labels, row)[: body.top_k]] for row in np.asarray(scores)]
-    truncated = _usage(classifier, encoded).truncated_inputs
+    timing[""] = time.perf_counter() - started
+    headers = {"X-Truncated-Inputs": str(_usage(classifier, encoded).truncated_inputs)}
+    headers |= _tei_timing(serving.metrics, method, timing, sum(map(len, texts)), encoded.tokens, len(texts))
     single = isinstance(body.inputs, str) and not nested
-    return JSONResponse(rows[0] if single else rows, headers={"X-Truncated-Inputs": str(truncated)})
+    return JSONResponse(rows[0] if single else rows, headers=headers)
+
+
+def _tei_timing(metrics, method: str, timing: dict, characters: int, tokens: int, texts: int) -> dict:
+    """TEI's response headers (milliseconds) and its te_* series (seconds) for one answered request."""
+    metrics.te_success.labels(method).inc()
+    metrics.te_predictions.labels(method).inc(texts)
+    for part, seconds in timing.items():
+        metrics.te_duration[f"{part}_" if part else ""].observe(seconds)
+    return {
+        "x-compute-characters": str(characters),
+        "x-compute-tokens": str(tokens),
+        "x-total-time": str(round(1000 * timing[""])),
+        "x-tokenization-time": str(round(1000 * timing["tokenization"])),
+        "x-queue-time": str(round(1000 * timing.get("queue", 0.0))),
+        "x-inference-time": str(round(1000 * timing.get("inference", 0.0))),
+    }
 
 
 @router.post("/generate", responses=ERRORS["generate"])
