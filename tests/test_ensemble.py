@@ -211,6 +211,12 @@ def test_predict_and_evaluate_run_the_ensemble_row(gemma3_dir, data_csv, tmp_pat
     )
     assert main(["train", *overrides]) == 0
     run = out / "run"
+    # the kept encoder is the one the verdict scored: read as a model folder, it gives the saved test probabilities
+    from loracls.config_reader import read_run_config
+
+    test_texts = load_dataset(DataSpec.of(read_run_config(run))).test.texts
+    saved = np.load(run / "encoder" / "probabilities.npz")["test"]
+    assert np.allclose(engine_for(str(run / "encoder")).probabilities(test_texts), saved, atol=1e-4)
     if not (run / "ensemble.json").is_file():  # no blend helped on validation: the engine says so in one line
         assert main(["predict", str(run), "--text", "good", "--engine", "ensemble"]) == 2
         assert "has no ensemble row" in capsys.readouterr().err
