@@ -59,6 +59,7 @@ def test_a_blend_of_unlike_models_beats_each_and_is_chosen_on_validation():
     alone = [(np.argmax(p, 1) == labels).mean() for p in (lora, encoder)]
     assert record.test.accuracy > max(alone)
     assert set(record.validation_scores) == {f"{w:g}" for w in np.round(np.linspace(0, 1, 21), 2)}
+    assert 0 <= record.test_ece <= 1  # single label: the blend's calibration error, a column of the verdict
 
 
 def test_the_weight_never_sees_the_test_split():

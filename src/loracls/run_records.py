@@ -97,6 +97,7 @@ class EnsembleRecord:
     validation_scores: dict[str, float]  # every weight tried -> its validation score
     test: AnyMetrics
     thresholds: list[float] | None = None  # multi_label: per label, fitted on the blended validation split
+    test_ece: float | None = None  # single_label: of the blended test probabilities
 
 
 @dataclass

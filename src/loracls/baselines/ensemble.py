@@ -56,4 +56,5 @@ def fit_ensemble(
         validation_scores={f"{w:g}": s for w, s in scores.items()},
         test=kind.metrics(dataset.test.labels, probs, id2label, decision),
         thresholds=decision.thresholds,
+        test_ece=kind.ece(probs, dataset.test.labels),
     )

@@ -250,6 +250,7 @@ def ensemble_row(record: EnsembleRecord, lora: LadderRow, encoder: LadderRow) ->
         f"ensemble ({lora.name} + {record.encoder})",
         record.test.accuracy,
         record.test.macro_f1,
+        ece=record.test_ece,
         train_seconds=_sum(lora.train_seconds, encoder.train_seconds),
         texts_per_second=None if None in speeds or 0 in speeds else 1 / (1 / speeds[0] + 1 / speeds[1]),
         parameters=_sum(lora.parameters, encoder.parameters),
