@@ -88,7 +88,7 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
     if best is not ship:  # a tie: the best is within the noise of a cheaper one
         gap = 100 * (_score(best, metric) - _score(ship, metric))
         return (
-            f"a tie: {_called(best)} is {gap:.1f} points of {words} ahead of {_called(ship)}, inside this test "
+            f"a tie: {_ahead(best, ship, gap, words)}, inside this test "
             f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(best)} costs "
             f"{_cost_ratio(best, ship)} {_owner(ship)} cost per text)"
         )
@@ -96,7 +96,7 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
     gap = 100 * (_score(ship, metric) - _score(runner_up, metric))
     if gap <= 100 * noise:
         return (
-            f"a tie: {_called(ship)} is {gap:.1f} points of {words} ahead of {_called(runner_up)}, inside this test "
+            f"a tie: {_ahead(ship, runner_up, gap, words)}, inside this test "
             f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(runner_up)} costs "
             f"{_cost_ratio(runner_up, ship)} {_owner(ship)} cost per text)"
         )
@@ -112,6 +112,12 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
         f"ship {_called(ship)}: {gap:+.1f} points of {words} over {_called(runner_up)} (the best alternative; "
         f"{noise_words}) at {_cost_ratio(ship, runner_up)} {_owner(runner_up)} cost per text{versus}"
     )
+
+
+def _ahead(first: LadderRow, second: LadderRow, gap: float, words: str) -> str:
+    if round(gap, 1) == 0:
+        return f"{_called(first)} and {_called(second)} score the same {words}"
+    return f"{_called(first)} is {gap:.1f} points of {words} ahead of {_called(second)}"
 
 
 def _owner(row: LadderRow) -> str:
