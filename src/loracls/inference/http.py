@@ -11,6 +11,7 @@ from loracls.errors import LoraclsError, first_line
 __all__ = [
     "error",
     "error_for",
+    "main_problem",
     "ServerMetrics",
     "BodyLimit",
     "BACKLOG",
@@ -215,3 +216,17 @@ def idle_guarded(max_connections: int, header_timeout_s: float = HEADER_TIMEOUT_
                 self.transport.close()
 
     return IdleGuarded
+
+
+def main_problem(problems: list[dict]) -> dict:
+    """The one validation error to name: in a union of request shapes (/tokenize: TEI's or vLLM's) the shape
+    with the fewest errors is the one the client meant; in it, a field we do not implement comes first."""
+    if not problems:
+        return {"loc": (), "msg": "invalid request"}
+    shapes: dict = {}
+    for problem in problems:
+        loc = problem.get("loc", ())
+        shape = loc[1] if len(loc) > 1 and str(loc[1])[:1].isupper() else None
+        shapes.setdefault(shape, []).append(problem)
+    closest = min(shapes.values(), key=len)
+    return next((p for p in closest if p.get("type") == "extra_forbidden"), closest[0])

@@ -3,7 +3,9 @@ and, per request, the app's state (`Serving`: the runs, the batcher, the metrics
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +22,10 @@ __all__ = [
     "TooManyTexts",
     "UnknownModel",
     "logits_of",
+    "encoded_off_loop",
+    "tei_timing",
+    "ServeLimits",
+    "APP_LIMITS",
     "SERVE_MAX_TOKENS",
     "MAX_CLIENT_BATCH_SIZE",
 ]
@@ -81,3 +87,41 @@ class Serving:
 
     async def probabilities(self, classifier, encoded) -> np.ndarray:
         return classifier.calibrated(await logits_of(self.batcher, classifier, encoded, self.metrics))
+
+
+async def encoded_off_loop(classifier, texts: list[str], **cut):
+    """A request's texts tokenized in a worker thread: a large legal request (megabytes of text) must not hold
+    the event loop, so /health and other requests are answered meanwhile. `cut`: a client's truncation."""
+    return await asyncio.to_thread(lambda: classifier.encode(texts, **cut) if cut else classifier.encode(texts))
+
+
+def tei_timing(metrics, method: str, timing: dict, characters: int, tokens: int, texts: int) -> dict:
+    """TEI's response headers (milliseconds) and its te_* series (seconds) for one answered request."""
+    metrics.te_success.labels(method).inc()
+    metrics.te_predictions.labels(method).inc(texts)
+    for part, seconds in timing.items():
+        metrics.te_duration[f"{part}_" if part else ""].observe(seconds)
+    return {
+        "x-compute-characters": str(characters),
+        "x-compute-tokens": str(tokens),
+        "x-total-time": str(round(1000 * timing[""])),
+        "x-tokenization-time": str(round(1000 * timing["tokenization"])),
+        "x-queue-time": str(round(1000 * timing.get("queue", 0.0))),
+        "x-inference-time": str(round(1000 * timing.get("inference", 0.0))),
+    }
+
+
+APP_LIMITS = ("max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes", "max_client_batch_size")
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """`loracls serve`'s batching and request limits (create_app's keyword arguments)."""
+
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    max_queue: int = 4096
+    max_body_bytes: int = 4 * 2**20
+    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
+    max_connections: int | None = None  # open connections at most (None: the descriptor limit less a reserve)
+    header_timeout_s: float = 10.0  # a connection that sends nothing this long is closed

@@ -24,7 +24,6 @@ import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     pass
 from loracls import __version__
 from loracls.inference import tokens
-from loracls.inference.http import BACKLOG, BodyLimit, ServerMetrics, error_for
+from loracls.inference.http import BACKLOG, BodyLimit, ServerMetrics, error_for, main_problem
 from loracls.inference.protocol import (
     ERRORS,
     ClassifyItem,
@@ -60,13 +59,17 @@ from loracls.inference.protocol import (
     Usage,
 )
 from loracls.inference.served import (
+    APP_LIMITS,
     MAX_CLIENT_BATCH_SIZE,
     SERVE_MAX_TOKENS,
     Served,
+    ServeLimits,
     Serving,
     TooManyTexts,
     UnknownModel,
+    encoded_off_loop,
     logits_of,
+    tei_timing,
 )
 
 
@@ -161,12 +164,6 @@ MODEL_QUERY = Query(None, description="the run to ask (`GET /v1/models`); none: 
 MODEL_HEADER = Header(None, description="the same as the `model` query, for clients that set headers")
 
 
-async def encoded_off_loop(classifier, texts: list[str], **cut):
-    """A request's texts tokenized in a worker thread: a large legal request (megabytes of text) must not hold
-    the event loop, so /health and other requests are answered meanwhile. `cut`: a client's truncation."""
-    return await asyncio.to_thread(lambda: classifier.encode(texts, **cut) if cut else classifier.encode(texts))
-
-
 @router.post("/v1/classify", response_model_exclude_none=True, responses=ERRORS["classify"], include_in_schema=False)
 @router.post("/classify", response_model_exclude_none=True, responses=ERRORS["classify"])
 async def classify(body: ClassifyRequest, request: Request) -> ClassifyResponse:
@@ -237,25 +234,9 @@ async def _predicted(body: PredictRequest, serving: Serving, model: str | None, 
     rows = [[item.model_dump() for item in _ranked(labels, row)[: body.top_k]] for row in np.asarray(scores)]
     timing[""] = time.perf_counter() - started
     headers = {"X-Truncated-Inputs": str(_usage(classifier, encoded).truncated_inputs)}
-    headers |= _tei_timing(serving.metrics, method, timing, sum(map(len, texts)), encoded.tokens, len(texts))
+    headers |= tei_timing(serving.metrics, method, timing, sum(map(len, texts)), encoded.tokens, len(texts))
     single = isinstance(body.inputs, str) and not nested
     return JSONResponse(rows[0] if single else rows, headers=headers)
-
-
-def _tei_timing(metrics, method: str, timing: dict, characters: int, tokens: int, texts: int) -> dict:
-    """TEI's response headers (milliseconds) and its te_* series (seconds) for one answered request."""
-    metrics.te_success.labels(method).inc()
-    metrics.te_predictions.labels(method).inc(texts)
-    for part, seconds in timing.items():
-        metrics.te_duration[f"{part}_" if part else ""].observe(seconds)
-    return {
-        "x-compute-characters": str(characters),
-        "x-compute-tokens": str(tokens),
-        "x-total-time": str(round(1000 * timing[""])),
-        "x-tokenization-time": str(round(1000 * timing["tokenization"])),
-        "x-queue-time": str(round(1000 * timing.get("queue", 0.0))),
-        "x-inference-time": str(round(1000 * timing.get("inference", 0.0))),
-    }
 
 
 @router.post("/generate", responses=ERRORS["generate"])
@@ -345,24 +326,10 @@ async def prometheus(request: Request):
 _HTTP_KINDS = {404: "NotFound", 405: "MethodNotAllowed", 413: "Validation"}
 
 
-def _main_problem(problems: list[dict]) -> dict:
-    """The one validation error to name: in a union of request shapes (/tokenize: TEI's or vLLM's) the shape
-    with the fewest errors is the one the client meant; in it, a field we do not implement comes first."""
-    if not problems:
-        return {"loc": (), "msg": "invalid request"}
-    shapes: dict = {}
-    for problem in problems:
-        loc = problem.get("loc", ())
-        shape = loc[1] if len(loc) > 1 and str(loc[1])[:1].isupper() else None
-        shapes.setdefault(shape, []).append(problem)
-    closest = min(shapes.values(), key=len)
-    return next((p for p in closest if p.get("type") == "extra_forbidden"), closest[0])
-
-
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        problem = _main_problem(list(exc.errors()))
+        problem = main_problem(list(exc.errors()))
         where = ".".join(str(p) for p in problem.get("loc", ()) if p != "body")
         message = f"{where}: {problem.get('msg')}" if where else str(problem.get("msg"))
         return error_for(request.url.path, 422, "Validation", message)
@@ -402,22 +369,6 @@ async def _mapped_error(request: Request, exc: Exception):
     return error_for(request.url.path, status, kind, message, headers=_RETRY_LATER.get(type(exc)))
 
 
-_APP_LIMITS = ("max_batch_size", "max_wait_ms", "max_queue", "max_body_bytes", "max_client_batch_size")
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """`loracls serve`'s batching and request limits (create_app's keyword arguments)."""
-
-    max_batch_size: int = 64
-    max_wait_ms: float = 5.0
-    max_queue: int = 4096
-    max_body_bytes: int = 4 * 2**20
-    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
-    max_connections: int | None = None  # open connections at most (None: the descriptor limit less a reserve)
-    header_timeout_s: float = 10.0  # a connection that sends nothing this long is closed
-
-
 def serve(classifier, sock, limits: ServeLimits = ServeLimits(), log: Log = print) -> None:
     """Serve on `sock` (http.bound_socket's) until SIGTERM / Ctrl-C: then stop accepting, answer what is in
     flight, and return."""
@@ -425,7 +376,7 @@ def serve(classifier, sock, limits: ServeLimits = ServeLimits(), log: Log = prin
 
     import uvicorn
 
-    app = create_app(classifier, **{k: v for k, v in dataclasses.asdict(limits).items() if k in _APP_LIMITS})
+    app = create_app(classifier, **{k: v for k, v in dataclasses.asdict(limits).items() if k in APP_LIMITS})
     from loracls.inference.http import FD_RESERVE, idle_guarded, raise_open_files
 
     connections = limits.max_connections or max(raise_open_files() - FD_RESERVE, 16)
