@@ -234,3 +234,14 @@ def test_predict_and_evaluate_run_the_ensemble_row(gemma3_dir, data_csv, tmp_pat
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert evaluated["accuracy"] == pytest.approx(record.test.accuracy)  # the verdict's row, computed again
     assert main(["serve", str(run), "--engine", "ensemble", "--port", "0"]) == 2
+
+
+def test_the_budgets_projection_leaves_training_as_it_was(data_csv, tiny_encoder_dir):
+    """The timed batches drop their gradients and put the random state back: a budget that is not reached
+    trains exactly what no budget trains."""
+    records = []
+    for budget in (None, 1e9):
+        config = _encoder_config(data_csv, tiny_encoder_dir, encoder_budget_s=budget)
+        dataset = load_dataset(DataSpec.of(config))
+        records.append(run_encoder(dataset, config, CPU, str(tiny_encoder_dir), log=lambda *_: None))
+    assert records[0].curve == records[1].curve and records[0].test.accuracy == records[1].test.accuracy

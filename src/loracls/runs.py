@@ -122,6 +122,14 @@ def read_encoder(run: Path, index: int = 0) -> EncoderRecord:
     return read_record(run / encoder_file(index), EncoderRecord)
 
 
+def read_encoders(run: Path) -> list[EncoderRecord]:
+    """Every encoder record of a run, in order (encoder.json, encoder.2.json, ... until one is missing)."""
+    records = []
+    while (Path(run) / encoder_file(len(records))).is_file():
+        records.append(read_encoder(run, len(records)))
+    return records
+
+
 def encoder_folder(index: int) -> str:
     """Where the chosen weights of encoder `index` are kept: encoder/, encoder.2/, ... (beside its record)."""
     return "encoder" if index == 0 else f"encoder.{index + 1}"

@@ -84,22 +84,12 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
     if not others:
         return f"ship {_called(ship)}: nothing else was measured"
     best = max(rows, key=lambda r: (_score(r, metric), _speed(r)))
-    noise_words = f"noise on this test split is about {100 * noise:.1f}"
     if best is not ship:  # a tie: the best is within the noise of a cheaper one
-        gap = 100 * (_score(best, metric) - _score(ship, metric))
-        return (
-            f"a tie: {_ahead(best, ship, gap, words)}, inside this test "
-            f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(best)} costs "
-            f"{_cost_ratio(best, ship)} {_owner(ship)} cost per text)"
-        )
+        return _tie(best, ship, ship, 100 * (_score(best, metric) - _score(ship, metric)), words, noise)
     runner_up = max(others, key=lambda r: _score(r, metric))
     gap = 100 * (_score(ship, metric) - _score(runner_up, metric))
     if gap <= 100 * noise:
-        return (
-            f"a tie: {_ahead(ship, runner_up, gap, words)}, inside this test "
-            f"split's noise (about {100 * noise:.1f}): ship the cheaper, {_called(ship)} ({_called(runner_up)} costs "
-            f"{_cost_ratio(runner_up, ship)} {_owner(ship)} cost per text)"
-        )
+        return _tie(ship, runner_up, ship, gap, words, noise)
     lora = next((r for r in rows if r.name in (LORA_ROW, FULL_ROW)), None)
     if lora is not None and ship is not lora and runner_up is not lora:
         gap_lora = 100 * (_score(ship, metric) - _score(lora, metric))
@@ -110,7 +100,18 @@ def _reason(ship: LadderRow, rows: list[LadderRow], metric: str, noise: float) -
         versus = ""
     return (
         f"ship {_called(ship)}: {gap:+.1f} points of {words} over {_called(runner_up)} (the best alternative; "
-        f"{noise_words}) at {_cost_ratio(ship, runner_up)} {_owner(runner_up)} cost per text{versus}"
+        f"noise on this test split is about {100 * noise:.1f}) at {_cost_ratio(ship, runner_up)} "
+        f"{_owner(runner_up)} cost per text{versus}"
+    )
+
+
+def _tie(first: LadderRow, second: LadderRow, ship: LadderRow, gap: float, words: str, noise: float) -> str:
+    """`first` scores `gap` points above `second`, inside the noise: the cheaper of the two, `ship`, is shipped."""
+    other = first if ship is second else second
+    return (
+        f"a tie: {_ahead(first, second, gap, words)}, inside this test split's noise (about {100 * noise:.1f}): "
+        f"ship the cheaper, {_called(ship)} ({_called(other)} costs {_cost_ratio(other, ship)} {_owner(ship)} cost "
+        f"per text)"
     )
 
 

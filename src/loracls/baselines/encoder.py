@@ -179,15 +179,17 @@ class EncoderFit:
         return EncoderTry(learning_rate, best, curve, budget_stop)
 
     def projected_epoch_seconds(self, batches: int = 3) -> float:
-        """One epoch and its validation, projected from `batches` timed training batches (their gradients are
-        dropped: the weights do not move) and the same batches' forward passes for validation."""
+        """One epoch and its validation, projected from `batches` timed training batches. They leave no trace:
+        their gradients are dropped (the weights do not move) and the random state (dropout) is put back, so
+        training then starts exactly as it would have without the projection."""
         config = self.config
         order = length_grouped_batches([len(x) for x in self.ids["train"]], config.encoder_batch_size, config.seed)
         timed = order[:batches]
         began = time.perf_counter()
         self.model.train()
-        for rows in timed:
-            self._backward(rows)
+        with torch.random.fork_rng(devices=[self.runtime.device] if self.runtime.device.type == "cuda" else []):
+            for rows in timed:
+                self._backward(rows)
         self.model.zero_grad(set_to_none=True)
         per_text = (time.perf_counter() - began) / max(sum(len(rows) for rows in timed), 1)
         return per_text * (len(self.ids["train"]) + len(self.ids["validation"]) / 3)
@@ -211,10 +213,10 @@ class EncoderTry:
         return self.curve[self.best_epoch - 1]
 
 
-def encoder_specs(config, runtime=None) -> list[str]:
+def encoder_specs(config) -> list[str]:
     """The encoders a run trains: the config's, or (null) the strongest one installed: mpnet-base wherever its
-    wheels are (the encoder a careful user would ship: 3.8 points ahead of MiniLM's... on the default job,
-    docs/benchmarks.md), else minilm. The device does not change the choice: the verdict is the same on a CPU."""
+    wheels are (the encoder a careful user would ship), else minilm. The device does not change the choice:
+    the verdict is the same on a CPU."""
     from loracls.model.source import packaged_encoder_installed
 
     if config.encoder_model is None:
@@ -260,14 +262,12 @@ def fit_best(
     deadline = None if budget_s is None else started + budget_s
     for make_fit, rate in candidates:
         if best is not None and deadline is not None and time.perf_counter() >= deadline:
-            make_fit().log(f"encoder: lr {rate:g} not tried: encoder_budget_s ({budget_s:g} s) reached")
+            best[0].log(f"encoder: lr {rate:g} not tried: encoder_budget_s ({budget_s:g} s) reached")
             continue
         torch.manual_seed(seed)  # the new head's init and dropout follow the seed
         fit = make_fit()
         if best is None and deadline is not None:
             _check_budget(fit, budget_s)
-            torch.manual_seed(seed)
-            fit = make_fit()  # the projection's batches leave no trace: a fresh start from the seed
         tries.append(fit.train(rate, deadline))
         if best is None or tries[-1].score > best[1].score:
             best = (fit, tries[-1])

@@ -30,16 +30,8 @@ class Ensemble:
                 f"trained, or no blend beat its members on validation)"
             )
         record = runs.read_ensemble(run)
-        index = next(
-            (
-                i
-                for i in range(8)
-                if (run / runs.encoder_file(i)).is_file()
-                and runs.read_encoder(run, i).model == record.encoder
-                and runs.read_encoder(run, i).saved
-            ),
-            None,
-        )
+        encoders = runs.read_encoders(run)
+        index = next((i for i, enc in enumerate(encoders) if enc.model == record.encoder and enc.saved), None)
         if index is None:
             raise LoraclsError(f"--engine ensemble: the encoder {record.encoder} of {run_path} was not kept")
         folder = run / runs.encoder_folder(index)

@@ -42,7 +42,7 @@ from loracls.data.splits import Dataset, left_out_texts, load_dataset
 from loracls.data.text_chunks import CHUNK_ROWS, TextColumn, check_texts, text_chunks
 from loracls.errors import Log, LoraclsError, quiet
 from loracls.hardware import Runtime, setup_runtime
-from loracls.inference.engine import Classifier, Engine
+from loracls.inference.engine import Engine
 from loracls.inference.export import compare_predictions, export_checked, refuse_unfaithful, save_text_layout
 from loracls.inference.loaded import EngineOptions, engine_for
 from loracls.inference.model_card import write_cards
@@ -51,7 +51,7 @@ from loracls.model.classifier import load_standalone
 from loracls.model.lora import head_name
 from loracls.model.scoring import Batching, predict_logits
 from loracls.runs import StudentRecord
-from loracls.verdict import LORA_ROW, LadderRow, decide
+from loracls.verdict import FULL_ROW, LORA_ROW, LadderRow, decide
 
 __all__ = ["DistillOptions", "distill", "STUDENT_ROW"]
 
@@ -86,6 +86,7 @@ class DistillJob:
     runtime: Runtime
     options: DistillOptions
     log: Log
+    teacher_kind: str = "lora"  # lora | ensemble: which engine `teacher` is (teacher_kind())
 
 
 def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log = print) -> StudentRecord:
@@ -96,7 +97,7 @@ def distill(run_path: str, options: DistillOptions = DistillOptions(), log: Log 
         spec = StudentSpec(options.student, options.weights, _learning_rate(job), options.student_layers)
         record, fitted = run_student(job.dataset, job.config, job.runtime, spec, teaching, log)
         record.augmented_texts = job.augmented
-        record.teacher = "lora" if isinstance(job.teacher, Classifier) else "ensemble"
+        record.teacher = job.teacher_kind
         record.export = _export(job, fitted)
         _test_beside_teacher(job, record, fitted)
         _record(job, record)
@@ -138,7 +139,7 @@ def _prepare(run_path: str, options: DistillOptions, log: Log, held: contextlib.
     teacher = engine_for(str(run), EngineOptions(batch_size=options.batch_size, engine=_ENGINES[kind]), quiet)
     layers = f" ({options.student_layers} of its layers)" if options.student_layers else ""
     log(f"distill: teacher {teacher.source} ({kind}); student {options.student}{layers}")
-    return DistillJob(run, config, dataset, unlabeled + augmented, len(augmented), teacher, runtime, options, log)
+    return DistillJob(run, config, dataset, unlabeled + augmented, len(augmented), teacher, runtime, options, log, kind)
 
 
 _ENGINES = {"lora": "torch", "ensemble": "ensemble"}
@@ -208,7 +209,7 @@ def _augmented(dataset: Dataset, unlabeled: list[str], copies: int, seed: int, l
 def _teach(job: DistillJob) -> Teaching:
     train = job.dataset.train
     texts = list(train.texts) + job.unlabeled
-    cache = job.run / (runs.TEACHER_SCORES + ("" if isinstance(job.teacher, Classifier) else "_ensemble"))
+    cache = job.run / (runs.TEACHER_SCORES + ("_ensemble" if job.teacher_kind == "ensemble" else ""))
     probabilities = teacher_probabilities(job.teacher, texts, cache, job.log)
     gold = list(train.labels) + [None] * len(job.unlabeled)
     return Teaching(texts, probabilities, gold, temperature=job.options.temperature)
@@ -263,11 +264,7 @@ def _learning_rate(job: DistillJob) -> float:
     searched on this validation split), else 1e-4."""
     if job.options.learning_rate is not None:
         return job.options.learning_rate
-    for index in range(8):
-        path = job.run / runs.encoder_file(index)
-        if path.is_file() and (record := runs.read_encoder(job.run, index)).model == job.options.student:
-            return record.learning_rate
-    return 1e-4
+    return next((enc.learning_rate for enc in runs.read_encoders(job.run) if enc.model == job.options.student), 1e-4)
 
 
 def _test_beside_teacher(job: DistillJob, record: StudentRecord, fitted) -> None:
@@ -355,13 +352,17 @@ def _record(job: DistillJob, record: StudentRecord) -> None:
     metrics = runs.read_metrics(job.run)
     if metrics.verdict is not None:
         verdict = metrics.verdict
-        taught_by = "ensemble" if record.teacher == "ensemble" else LORA_ROW
-        teacher = next((row for row in verdict.rows if row.name.startswith(taught_by)), None)
+        teacher = next((row for row in verdict.rows if _taught(row, record.teacher)), None)
         rows = [row for row in verdict.rows if row.name != STUDENT_ROW] + [student_row(record, teacher)]
         metrics.verdict = decide(rows, verdict.examples, verdict.metric)
         runs.write_record(job.run / runs.METRICS, metrics)
         job.log(f"verdict: {metrics.verdict.reason}")
     write_cards(job.run)  # the student's card, and the others with the verdict's new row
+
+
+def _taught(row: LadderRow, teacher: str) -> bool:
+    """Whether a verdict row is the distill's teacher: the ensemble's, or the decoder's (LoRA or full)."""
+    return row.name.startswith("ensemble") if teacher == "ensemble" else row.name in (LORA_ROW, FULL_ROW)
 
 
 def student_row(record: StudentRecord, teacher: LadderRow | None = None) -> LadderRow:
@@ -373,7 +374,7 @@ def student_row(record: StudentRecord, teacher: LadderRow | None = None) -> Ladd
     if record.teacher_texts_per_second:
         ratio = record.texts_per_second / record.teacher_texts_per_second
         speed = f", {ratio:.1f}x the teacher's texts/s side by side ({record.texts_per_second:.0f} texts/s there)"
-    source = "the ensemble" if record.teacher == "ensemble" else "LoRA"
+    source = "the ensemble" if record.teacher == "ensemble" else teacher.name if teacher is not None else "LoRA"
     detail = (
         f"{record.model}{_layers_said(record)} distilled from {source} (teacher weight {record.teacher_weight:g}, "
         f"{record.unlabeled_texts} unlabeled texts{_augmented_said(record)}), "

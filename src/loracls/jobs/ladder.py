@@ -118,7 +118,7 @@ def run_ladder(setup: Setup, tokenizer, run: Path | None, rungs: list[str], own:
     if "tfidf" in rungs:
         ladder.tfidf = _cached(run, runs.TFIDF, runs.read_tfidf, lambda: run_tfidf(dataset, config.seed, log))
     if "encoder" in rungs:
-        for index, spec in enumerate(encoder_specs(config, setup.runtime)):
+        for index, spec in enumerate(encoder_specs(config)):
             folder = None if run is None else run / runs.encoder_folder(index)
             try:
                 record = _cached(

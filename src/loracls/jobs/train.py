@@ -180,7 +180,7 @@ def _check_rungs(
     zero_shot = "zero_shot_prompt" in rungs and problem_for(config.problem).zero_shot_unsupported is None
     prompt = prompt_setup(config, dataset.id2label) if zero_shot or config.head_init == "verbalizer" else None
     if "encoder" in rungs and distributed.is_main():
-        for spec in encoder_specs(config, runtime):
+        for spec in encoder_specs(config):
             check_encoder(spec, log)
     return prompt
 
