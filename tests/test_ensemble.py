@@ -12,11 +12,11 @@ from conftest import tiny_overrides
 from loracls.baselines.encoder import EncoderSkipped, run_encoder
 from loracls.baselines.ensemble import blend, fit_ensemble
 from loracls.cli import main
-from loracls.config_reader import from_dict
 from loracls.data.spec import DataSpec
 from loracls.data.splits import load_dataset
 from loracls.hardware import Runtime
 from loracls.problems import problem_for
+from test_encoder_verdict import _config  # the tiny encoder job those tests train
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
 
@@ -144,24 +144,8 @@ def test_the_train_job_writes_an_ensemble_row_it_can_explain(gemma3_dir, data_cs
         assert not any(name.startswith("ensemble") for name in rows)
 
 
-def _encoder_config(data, encoder_dir, **extra):
-    values = dict(
-        data=str(data),
-        train_size=240,
-        validation_size=60,
-        test_size=60,
-        max_length=32,
-        encoder_model=str(encoder_dir),
-        encoder_epochs=3,
-        encoder_learning_rate=3e-3,
-        encoder_patience=None,
-        seed=1,
-    )
-    return from_dict({**values, **extra})
-
-
 def test_an_encoder_over_its_budget_is_skipped_with_the_reason(data_csv, tiny_encoder_dir):
-    config = _encoder_config(data_csv, tiny_encoder_dir, encoder_budget_s=1e-6)
+    config = _config(data_csv, tiny_encoder_dir, encoder_budget_s=1e-6)
     with pytest.raises(
         EncoderSkipped,
         match=r"skipped: one epoch on 240 texts is projected at .* beyond "
@@ -173,7 +157,7 @@ def test_an_encoder_over_its_budget_is_skipped_with_the_reason(data_csv, tiny_en
 def test_an_encoder_that_reaches_its_budget_stops_after_a_whole_epoch(data_csv, tiny_encoder_dir, monkeypatch):
     from loracls.baselines import encoder as module
 
-    config = _encoder_config(data_csv, tiny_encoder_dir, encoder_budget_s=1000.0, encoder_epochs=5)
+    config = _config(data_csv, tiny_encoder_dir, encoder_budget_s=1000.0, encoder_epochs=5)
     monkeypatch.setattr(module.EncoderFit, "projected_epoch_seconds", lambda self, batches=3: 1.0)
     clock = iter(range(0, 10**6, 400))  # every reading of the clock 400 s later: one epoch "takes" 400+ s
     monkeypatch.setattr(module.time, "perf_counter", lambda: float(next(clock)))
@@ -241,7 +225,7 @@ def test_the_budgets_projection_leaves_training_as_it_was(data_csv, tiny_encoder
     trains exactly what no budget trains."""
     records = []
     for budget in (None, 1e9):
-        config = _encoder_config(data_csv, tiny_encoder_dir, encoder_budget_s=budget)
+        config = _config(data_csv, tiny_encoder_dir, encoder_budget_s=budget)
         dataset = load_dataset(DataSpec.of(config))
         records.append(run_encoder(dataset, config, CPU, str(tiny_encoder_dir), log=lambda *_: None))
     assert records[0].curve == records[1].curve and records[0].test.accuracy == records[1].test.accuracy
